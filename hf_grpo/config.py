@@ -1,0 +1,152 @@
+"""Configuration dataclasses: TRL's, extended with hf_grpo's options and nothing re-declared.
+
+A recipe is one flat YAML file whose keys are the fields of these classes (``hf_grpo.recipe`` parses it):
+
+- ``HfGRPOConfig(trl.GRPOConfig)``: every TRL/transformers training field, plus dynamic sampling, the advantage
+  estimator and task evaluation during training (used by ``hf_grpo.trainer.GRPOTrainer``);
+- ``ModelArguments(trl.ModelConfig)``: model id and LoRA fields, plus the embedded tiny model's warm start;
+- ``DataArguments(trl.ScriptArguments)`` in ``hf_grpo.data``; ``RewardArguments`` in ``hf_grpo.rewards``;
+  ``LaunchArguments`` in ``hf_grpo.launch`` (accelerate config, processes, generation layout).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig, ModelConfig
+
+
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+EXHAUSTED_POLICIES = ("fill", "error")
+
+
+@dataclass
+class ModelArguments(ModelConfig):
+    """
+    Model options (extends [`trl.ModelConfig`], which holds `model_name_or_path` and the LoRA fields).
+
+    Args:
+        model_name_or_path (`str`, defaults to `"tiny"`):
+            Hub id or local directory of the policy. `tiny` builds the embedded 2-layer Qwen2 model and its tokenizer
+            locally (no download).
+        tiny_hidden_size (`int`, defaults to `128`):
+            Hidden size of the embedded tiny model.
+        warm_start_steps (`int`, defaults to `0`):
+            Supervised steps on the embedded arithmetic train split before GRPO (`tiny` only), so that the policy
+            knows the answer format and GRPO has reward variance to learn from.
+        warm_start_lr (`float`, defaults to `2e-3`):
+            Learning rate of the warm start.
+    """
+
+    model_name_or_path: str | None = field(
+        default="tiny", metadata={"help": "Hub id or local path of the policy; `tiny` builds the embedded model."}
+    )
+    tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the embedded tiny model."})
+    warm_start_steps: int = field(
+        default=0, metadata={"help": "Supervised warm-start steps before GRPO (embedded tiny model only)."}
+    )
+    warm_start_lr: float = field(default=2e-3, metadata={"help": "Learning rate of the warm start."})
+
+
+@dataclass
+class HfGRPOConfig(GRPOConfig):
+    r"""
+    Training configuration (extends [`trl.GRPOConfig`]; every TRL and transformers field is available).
+
+    Parameters:
+        > Dynamic sampling (DAPO, https://huggingface.co/papers/2503.14476)
+
+        dynamic_sampling (`bool`, defaults to `False`):
+            Drop prompt groups whose rewards are all equal (they carry zero advantage) and generate more groups until
+            the batch is full. Surplus groups are carried over to the next step.
+        dynamic_sampling_metric (`str`, defaults to `"reward"`):
+            What must vary within a group for it to be kept: `reward` (the weighted total) or the name of one reward
+            function (for example `gsm8k_correctness`).
+        max_generation_batches (`int`, defaults to `10`):
+            Generation rounds allowed per optimizer step, the first included (NeMo RL's default is 10).
+        dynamic_sampling_exhausted (`str`, defaults to `"fill"`):
+            What to do when the rounds run out before the batch is full: `fill` completes the batch with dropped
+            groups (zero advantage, so no gradient) and logs `dynamic_sampling/exhausted`; `error` stops the run.
+
+        > Advantages
+
+        advantage_estimator (`str`, defaults to `"grpo"`):
+            `grpo`: reward minus the group mean, scaled as `scale_rewards` says (TRL's estimator). `dr_grpo`: reward
+            minus the group mean, never scaled (Dr. GRPO; forces `scale_rewards="none"`). `rloo`: reward minus the
+            mean of the *other* completions of the group (leave-one-out baseline, NeMo RL's default), then scaled as
+            `scale_rewards` says.
+
+        > Task evaluation
+
+        eval_before_after (`bool`, defaults to `True`):
+            Measure greedy accuracy on the held-out split before and after training and write
+            `eval_results.json` in `output_dir`.
+        task_eval_steps (`int`, defaults to `0`):
+            Also measure held-out accuracy every this many optimizer steps (0 = never) and log it as
+            `eval/accuracy`.
+        task_eval_max_samples (`int`, *optional*):
+            Held-out examples used by `task_eval_steps` evaluations (all when unset).
+        eval_max_new_tokens (`int`, *optional*):
+            Generation budget of task evaluations; defaults to `max_completion_length`.
+    """
+
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "Drop zero-variance prompt groups and generate more until the batch is full."}
+    )
+    dynamic_sampling_metric: str = field(
+        default="reward", metadata={"help": "`reward` or the name of one reward function to filter groups on."}
+    )
+    max_generation_batches: int = field(
+        default=10, metadata={"help": "Generation rounds allowed per optimizer step (first included)."}
+    )
+    dynamic_sampling_exhausted: str = field(
+        default="fill",
+        metadata={
+            "help": "When rounds run out: `fill` with zero-advantage groups, or `error`.",
+            "choices": EXHAUSTED_POLICIES,
+        },
+    )
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata={
+            "help": "`grpo`, `dr_grpo` (no std scaling) or `rloo` (leave-one-out baseline).",
+            "choices": ADVANTAGE_ESTIMATORS,
+        },
+    )
+    eval_before_after: bool = field(
+        default=True, metadata={"help": "Held-out accuracy before and after training, in eval_results.json."}
+    )
+    task_eval_steps: int = field(default=0, metadata={"help": "Held-out accuracy every N optimizer steps (0 = off)."})
+    task_eval_max_samples: int | None = field(
+        default=None, metadata={"help": "Held-out examples used by the periodic task evaluation."}
+    )
+    eval_max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Generation budget of task evaluations (default: max_completion_length)."}
+    )
+
+    def __post_init__(self):
+        # TRL turns an unset bf16 into True, which fails on a machine without a bf16-capable GPU; resolve it from the
+        # hardware instead, so one recipe runs both on a GPU node and on a laptop.
+        if self.bf16 is None and not self.fp16 and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
+            self.bf16 = False
+        # Under `accelerate launch` with a DeepSpeed config but no GPU, accelerate picks no process-group backend and
+        # every process silently trains alone (world size 1). gloo is the backend DeepSpeed's CPU accelerator needs.
+        if (
+            self.ddp_backend is None
+            and not torch.cuda.is_available()
+            and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        ):
+            self.ddp_backend = "gloo"
+        if self.advantage_estimator == "dr_grpo":
+            self.scale_rewards = "none"
+        super().__post_init__()
+        if self.max_generation_batches < 1:
+            raise ValueError(f"max_generation_batches must be >= 1, got {self.max_generation_batches}")
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(
+                f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}"
+            )
+        if self.advantage_estimator == "rloo" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError("advantage_estimator='rloo' needs multi_objective_aggregation='sum_then_normalize'")

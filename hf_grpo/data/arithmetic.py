@@ -1,0 +1,87 @@
+"""Embedded GSM8K-style arithmetic word problems, generated in code.
+
+The default run needs a task that a ~100k-parameter model can learn on a laptop CPU in minutes, with no download.
+Each problem is a one-step word problem whose solution follows GSM8K's convention: a worked line, then the final
+answer after ``####``::
+
+    >>> from hf_grpo.data.arithmetic import make_problem
+    >>> import random
+import zlib
+    >>> p = make_problem(random.Random(0))
+    >>> p["answer"].splitlines()[-1].startswith("#### ")
+    True
+
+Train and held-out problems are disjoint by construction: ``split_of`` assigns every possible question text to
+exactly one split, so no held-out question is ever trained on. The arithmetic facts themselves (single-digit sums
+and differences) are shared, as GSM8K's test problems share skills, not text, with its train problems.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from datasets import Dataset
+
+
+NAMES = ["Tom", "Ana", "Sam", "Mia", "Leo", "Ivy", "Max", "Zoe"]
+ITEMS = ["apples", "pens", "cards", "books", "coins", "shells"]
+
+# (operation, question template, worked-line template)
+TEMPLATES = {
+    "+": "{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have?",
+    "-": "{name} has {a} {item}. {name} gives away {b}. How many {item} are left?",
+}
+
+
+def split_of(question: str) -> str:
+    """Assign a question to "train" or "test" from its text alone (about one in five is held out)."""
+    return "test" if zlib.crc32(question.encode()) % 5 == 0 else "train"
+
+
+def _operands(rng: random.Random, op: str) -> tuple[int, int]:
+    if op == "+":
+        return rng.randint(1, 9), rng.randint(1, 9)
+    a = rng.randint(2, 18)
+    return a, rng.randint(1, min(a - 1, 9))
+
+
+def make_problem(rng: random.Random, split: str | None = None) -> dict:
+    """One problem as ``{"question", "answer", "solution"}``; ``answer`` is GSM8K-style, ``solution`` the number."""
+    while True:
+        op = rng.choice(list(TEMPLATES))
+        a, b = _operands(rng, op)
+        question = TEMPLATES[op].format(name=rng.choice(NAMES), item=rng.choice(ITEMS), a=a, b=b)
+        if split is None or split_of(question) == split:
+            break
+    result = a + b if op == "+" else a - b
+    answer = f"{a} {op} {b} = {result}\n#### {result}"
+    return {"question": question, "answer": answer, "solution": str(result)}
+
+
+def make_split(split: str, n: int, seed: int) -> list[dict]:
+    """``n`` problems of one split ("train" or "test"), reproducible from ``seed``."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"{split}-{seed}")
+    return [make_problem(rng, split) for _ in range(n)]
+
+
+def to_prompt_dataset(problems: list[dict]) -> Dataset:
+    """Conversational prompt dataset in the shape GRPOTrainer reads: ``prompt`` plus the gold ``solution``."""
+    return Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": p["question"]}], "solution": p["solution"], "answer": p["answer"]}
+            for p in problems
+        ]
+    )
+
+
+def corpus(n: int = 2000, seed: int = 0) -> list[str]:
+    """Question and answer text used to train the tiny tokenizer (both splits, so no token is unseen)."""
+    rng = random.Random(f"corpus-{seed}")
+    texts = []
+    for _ in range(n):
+        p = make_problem(rng)
+        texts += [p["question"], p["answer"]]
+    return texts

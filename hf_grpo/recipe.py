@@ -1,0 +1,507 @@
+"""Recipes: one flat YAML file per run, checked completely before any model is loaded.
+
+A recipe's keys are the fields of ``ModelArguments``, ``DataArguments``, ``RewardArguments``, ``LaunchArguments`` and
+``HfGRPOConfig`` (so every ``trl.GRPOConfig`` / ``transformers.TrainingArguments`` field), plus ``env`` (environment
+variables to export, as TRL's parser does). Command-line overrides use the same names::
+
+    python -m hf_grpo.train recipes/qwen7b.yaml --learning_rate 2e-6 --num_generations 8
+    python -m hf_grpo.train --config recipes/qwen7b.yaml --lora_target_modules '[q_proj,v_proj]' --dry-run
+
+An override value is read as a YAML scalar or flow sequence (``true``, ``1e-6``, ``[a, b]``, ``null``); dashes
+and underscores in names are interchangeable; ``--flag`` alone sets a boolean to true.
+
+Everything a user can get wrong fails here with ``RecipeError``, whose message names the key, the value and a fix:
+unknown keys (with a did-you-mean), wrong types, missing files, and batch sizes that cannot form whole prompt
+groups. ``hf_grpo.train`` turns it into exit code 2 with no traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import HfGRPOConfig, ModelArguments
+from .data.loaders import DataArguments, is_local_file
+from .launch import LaunchArguments, Layout, resolve_layout, shipped_dir
+from .rewards import RewardArguments, RewardLoadError, resolve_reward
+
+
+SECTIONS = {
+    "model": ModelArguments,
+    "data": DataArguments,
+    "rewards": RewardArguments,
+    "launch": LaunchArguments,
+    "training": HfGRPOConfig,
+}
+DEFAULT_RECIPE = "tiny.yaml"
+FLAGS = {"dry_run", "help"}
+
+# String fields of TRL whose accepted values TRL only checks once the trainer is built.
+KNOWN_CHOICES = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "scale_rewards": ("group", "batch", "none", True, False),
+    "importance_sampling_level": ("token", "sequence"),
+    "vllm_mode": ("server", "colocate"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
+# Secrets never belong in a recipe file: they would be copied into checkpoints, logs and Hub model cards.
+SECRET_KEYS = {"hub_token"}
+SECRET_ENV = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD)", re.IGNORECASE)
+
+
+class RecipeError(Exception):
+    """A problem with a recipe or its overrides; the message says which key, which value and how to fix it."""
+
+
+@dataclass
+class BatchPlan:
+    """How the batch sizes of a recipe fit together for a given number of processes."""
+
+    num_processes: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+    num_generations: int
+
+    @property
+    def completions_per_generation(self) -> int:
+        return self.per_device_train_batch_size * self.steps_per_generation * self.num_processes
+
+    @property
+    def prompts_per_generation(self) -> int:
+        return self.completions_per_generation // self.num_generations
+
+    @property
+    def completions_per_optimizer_step(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_processes
+
+    def describe(self) -> str:
+        p = self
+        per_proc = p.per_device_train_batch_size * p.steps_per_generation
+        generation = (
+            f"  generation:     {p.prompts_per_generation} prompts x {p.num_generations} num_generations = "
+            f"{p.completions_per_generation} completions ({per_proc} per process = per_device_train_batch_size "
+            f"{p.per_device_train_batch_size} x steps_per_generation {p.steps_per_generation})"
+        )
+        step = (
+            f"  optimizer step: per_device_train_batch_size {p.per_device_train_batch_size} x "
+            f"gradient_accumulation_steps {p.gradient_accumulation_steps} x {p.num_processes} processes = "
+            f"{p.completions_per_optimizer_step} completions"
+        )
+        lines = [generation, step]
+        ratio = p.steps_per_generation / p.gradient_accumulation_steps
+        lines.append(f"  {ratio:g} optimizer step(s) per generation")
+        return "\n".join(lines)
+
+
+@dataclass
+class Recipe:
+    """A validated recipe: its explicit values, the argument dataclasses and the derived layout."""
+
+    path: Path | None
+    values: dict[str, Any]
+    model: ModelArguments
+    data: DataArguments
+    rewards: RewardArguments
+    launch: LaunchArguments
+    training: HfGRPOConfig
+    layout: Layout
+    plan: BatchPlan
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Field index and type checking
+
+
+def field_index() -> dict[str, tuple[str, dataclasses.Field, Any]]:
+    """Every recipe key: name -> (section, dataclass field, resolved type hint)."""
+    index = {}
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.init:
+                index[f.name] = (section, f, hints[f.name])
+    return index
+
+
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
+    """(matches, coerced value) of ``value`` against a type hint."""
+    if hint is Any:
+        return True, value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            ok, coerced = _coerce(value, arg)
+            if ok:
+                return True, coerced
+        return False, value
+    if origin is typing.Literal:
+        return value in typing.get_args(hint), value
+    if hint is type(None):
+        return value is None, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, value
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):  # PyYAML reads `1e-6` as a string
+            return True, float(value)
+        return False, value
+    if hint is str:
+        return isinstance(value, str), value
+    if origin in (list, tuple) or hint in (list, tuple):
+        (item_hint,) = typing.get_args(hint) or (Any,)
+        items = value if isinstance(value, list) else [value] if isinstance(value, str) else None
+        if items is None:
+            return False, value
+        coerced = []
+        for item in items:
+            ok, c = _coerce(item, item_hint)
+            if not ok:
+                return False, value
+            coerced.append(c)
+        return True, coerced
+    if origin is dict or hint is dict:
+        return isinstance(value, dict), value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return value in {m.value for m in hint}, value
+    return False, value
+
+
+def _type_name(hint: Any) -> str:
+    text = str(hint).replace("typing.", "").replace("NoneType", "None")
+    return re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+
+
+def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: str) -> Any:
+    """Type-check and coerce one value; RecipeError names the key, the value and the expected type."""
+    if key in SECRET_KEYS and value is not None:
+        raise RecipeError(f"{where}: {key} must not be set in a recipe; export HF_TOKEN in the environment instead")
+    ok, coerced = _coerce(value, hint)
+    if not ok:
+        hint_text = ""
+        if isinstance(value, bool) and _coerce("x", hint)[0]:
+            hint_text = (
+                f" (YAML reads an unquoted yes/no/true/false as a boolean; write {key}: '{str(value).lower()}')"
+            )
+        raise RecipeError(
+            f"{where}: {key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__}){hint_text}"
+        )
+    choices = f.metadata.get("choices") or KNOWN_CHOICES.get(key)
+    if choices is not None and coerced is not None and coerced not in choices:
+        raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {coerced!r}")
+    return coerced
+
+
+def did_you_mean(key: str, known) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else "; see `python -m hf_grpo.train --help` for every key"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[str]]:
+    """(recipe path, raw overrides, flags) from ``[recipe.yaml] [--config X] [--key value ...] [--dry-run]``."""
+    path, overrides, flags = None, {}, set()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            if arg == "-h":
+                flags.add("help")
+            elif path is None:
+                path = arg
+            else:
+                raise RecipeError(f"unexpected argument {arg!r}; options look like --key value")
+            i += 1
+            continue
+        name, eq, value = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        if name in FLAGS:
+            flags.add(name)
+        elif name == "config":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise RecipeError("--config needs a recipe path")
+                value, i = argv[i + 1], i + 1
+            path = value
+        elif eq:
+            overrides[name] = value
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            overrides[name], i = argv[i + 1], i + 1
+        else:
+            overrides[name] = None  # bare flag
+        i += 1
+    return path, overrides, flags
+
+
+def _parse_override(raw: str | None) -> Any:
+    if raw is None:
+        return True
+    try:
+        return yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        return raw
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def default_recipe_path() -> Path:
+    return shipped_dir("recipes") / DEFAULT_RECIPE
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise RecipeError(f"recipe file {str(path)!r} does not exist; pass a path such as recipes/tiny.yaml")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise RecipeError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a mapping of key: value, got {type(data).__name__}")
+    return data
+
+
+def _check_env(env: Any, where: str) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise RecipeError(f"{where}: env must be a mapping of VARIABLE: value")
+    for name in env:
+        if SECRET_ENV.search(str(name)):
+            raise RecipeError(f"{where}: env.{name} looks like a secret; export it in the shell, not in a recipe")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _check_files(values: dict, base_dir: Path, where: str) -> None:
+    dataset = values.get("dataset_name")
+    if isinstance(dataset, str) and is_local_file(dataset) and not Path(dataset).expanduser().is_file():
+        raise RecipeError(f"{where}: dataset_name: local file {dataset!r} does not exist")
+    model = values.get("model_name_or_path")
+    if isinstance(model, str) and model.startswith(("./", "../", "/", "~")) and not Path(model).expanduser().exists():
+        raise RecipeError(f"{where}: model_name_or_path: local path {model!r} does not exist")
+    deepspeed = values.get("deepspeed")
+    if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
+        raise RecipeError(f"{where}: deepspeed: config file {deepspeed!r} does not exist")
+    resume = values.get("resume_from_checkpoint")
+    if isinstance(resume, str) and resume.lower() not in ("true", "auto") and not Path(resume).expanduser().exists():
+        raise RecipeError(f"{where}: resume_from_checkpoint: {resume!r} does not exist")
+    for name in values.get("reward_funcs") or []:
+        try:
+            resolve_reward(name)
+        except RewardLoadError as exc:
+            raise RecipeError(f"{where}: {exc}") from None
+    kwargs = values.get("reward_kwargs") or {}
+    unknown = set(kwargs) - set(values.get("reward_funcs") or RewardArguments().reward_funcs)
+    if unknown:
+        raise RecipeError(f"{where}: reward_kwargs names {sorted(unknown)}, which are not in reward_funcs")
+
+
+def batch_plan(values: dict, num_processes: int, where: str) -> BatchPlan:
+    """Batch arithmetic for ``num_processes``; RecipeError when it cannot form whole prompt groups."""
+    defaults = {f.name: f.default for f in dataclasses.fields(HfGRPOConfig)}
+
+    def get(key):
+        return values.get(key, defaults[key])
+
+    pdb, ga, g = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), get("num_generations")
+    spg, gbs = get("steps_per_generation"), get("generation_batch_size")
+    for key, value in (
+        ("per_device_train_batch_size", pdb),
+        ("gradient_accumulation_steps", ga),
+        ("num_generations", g),
+    ):
+        if value is None or value < 1:
+            raise RecipeError(f"{where}: {key} must be a positive integer, got {value!r}")
+    if g < 2:
+        raise RecipeError(f"{where}: num_generations must be at least 2 (GRPO compares completions), got {g}")
+    global_batch = pdb * num_processes
+    if spg is not None and gbs is not None:
+        raise RecipeError(
+            f"{where}: set generation_batch_size or steps_per_generation, not both (got {gbs} and {spg})"
+        )
+    if gbs is not None:
+        if gbs % global_batch:
+            raise RecipeError(
+                f"{where}: generation_batch_size {gbs} is not divisible by per_device_train_batch_size {pdb} x "
+                f"{num_processes} processes = {global_batch}; use a multiple of {global_batch}"
+            )
+        spg = gbs // global_batch
+    spg = spg or ga
+    plan = BatchPlan(num_processes, pdb, ga, spg, g)
+    if plan.completions_per_generation % g:
+        multiple = g // _gcd(g, num_processes)
+        raise RecipeError(
+            f"{where}: completions per generation ({pdb} per device x {spg} steps_per_generation x {num_processes} "
+            f"processes = {plan.completions_per_generation}) is not divisible by num_generations {g}; make "
+            f"per_device_train_batch_size x steps_per_generation a multiple of {multiple}, or change num_generations"
+        )
+    if get("dynamic_sampling") and (pdb * spg) % g:
+        raise RecipeError(
+            f"{where}: dynamic_sampling keeps or drops whole prompt groups on each process, so "
+            f"per_device_train_batch_size x steps_per_generation ({pdb} x {spg} = {pdb * spg}) must be a multiple "
+            f"of num_generations {g}"
+        )
+    eval_strategy = get("eval_strategy")
+    if eval_strategy not in ("no", None):
+        g_eval = get("num_generations_eval") or g
+        pde = get("per_device_eval_batch_size")
+        if (pde * num_processes) % g_eval:
+            raise RecipeError(
+                f"{where}: eval batch per_device_eval_batch_size {pde} x {num_processes} processes is not "
+                f"divisible by num_generations_eval {g_eval}; set per_device_eval_batch_size to a multiple of {g_eval}"
+            )
+    return plan
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _section_values(values: dict, section: str) -> dict:
+    index = field_index()
+    return {k: v for k, v in values.items() if index[k][0] == section}
+
+
+def _build(section: str, values: dict, where: str):
+    cls, kwargs = SECTIONS[section], _section_values(values, section)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+
+
+def _validation_training_values(values: dict) -> dict:
+    """Training values with hardware-bound settings neutralised, to run TRL's checks on a machine of any kind."""
+    checked = _section_values(values, "training")
+    checked.update(bf16=False, fp16=False, use_cpu=True, deepspeed=None, fsdp=None, use_vllm=False)
+    checked.pop("fsdp_config", None)
+    return checked
+
+
+def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]]:
+    """Parse ``argv`` into a validated Recipe and the flags given (``dry_run``, ``help``).
+
+    ``for_run=False`` (dry runs) builds the training config with hardware-bound settings neutralised, so a GPU
+    recipe can be checked on a laptop; the batch arithmetic always uses the recipe's own process layout.
+    """
+    path_arg, raw_overrides, flags = split_argv(argv)
+    path = Path(path_arg) if path_arg else default_recipe_path()
+    where = str(path)
+    data = read_yaml(path)
+    env = _check_env(data.pop("env", {}) or {}, where)
+    index = field_index()
+
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in index:
+            raise RecipeError(f"{where}: unknown key {key!r}{did_you_mean(key, index)}")
+        _, f, hint = index[key]
+        values[key] = check_value(key, value, hint, f, where)
+    for key, raw in raw_overrides.items():
+        if key not in index:
+            raise RecipeError(f"command line: unknown option --{key}{did_you_mean(key, index)}")
+        _, f, hint = index[key]
+        parsed = _parse_override(raw)
+        if not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
+            parsed = raw  # e.g. `--eval_strategy no`, which YAML would read as False
+        values[key] = check_value(key, parsed, hint, f, f"command line --{key}")
+
+    _check_files(values, path.parent, where)
+    launch = _build("launch", values, where)
+    try:
+        layout = resolve_layout(launch, path.parent)
+    except FileNotFoundError as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+    plan = batch_plan(values, layout.num_processes, where)
+    model = _build("model", values, where)
+    data_args = _build("data", values, where)
+    rewards = _build("rewards", values, where)
+    reward_names = [n.rpartition(":")[2] for n in rewards.reward_funcs]
+    metric = values.get("dynamic_sampling_metric", "reward")
+    if metric != "reward" and metric not in reward_names:
+        raise RecipeError(
+            f"{where}: dynamic_sampling_metric {metric!r} is neither 'reward' nor one of the "
+            f"reward_funcs {reward_names}"
+        )
+    weights = values.get("reward_weights")
+    if weights is not None and len(weights) != len(rewards.reward_funcs):
+        raise RecipeError(
+            f"{where}: reward_weights has {len(weights)} entries but reward_funcs has "
+            f"{len(rewards.reward_funcs)}; give one weight per reward"
+        )
+
+    training_values = _section_values(values, "training") if for_run else _validation_training_values(values)
+    try:
+        training = HfGRPOConfig(**training_values)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+    return Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, env), flags
+
+
+def apply_env(recipe: Recipe) -> None:
+    for key, value in recipe.env.items():
+        os.environ[key] = value
+
+
+def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
+    """What ``--dry-run`` prints: resolved recipe, layout, batch arithmetic and the commands a run would start."""
+    out = [f"recipe: {recipe.path}", "", "resolved values (recipe and overrides; everything else is the default):"]
+    by_section: dict[str, dict] = {}
+    for key, value in recipe.values.items():
+        by_section.setdefault(field_index()[key][0], {})[key] = value
+    for section in SECTIONS:
+        if section in by_section:
+            out.append(f"  {section}:")
+            for key, value in sorted(by_section[section].items()):
+                out.append(f"    {key}: {value!r}")
+    spec = recipe.data.resolved()
+    out += [
+        "",
+        f"model: {recipe.model.model_name_or_path}"
+        + (
+            f" + LoRA r={recipe.model.lora_r} alpha={recipe.model.lora_alpha} on {recipe.model.lora_target_modules}"
+            if recipe.model.use_peft
+            else " (full fine-tuning)"
+        ),
+        (
+            f"data: {spec['name']} (task {spec['task']}, problem column {spec['prompt_column']!r}, "
+            f"gold column {spec['solution_column']!r})"
+        ),
+        f"rewards: {recipe.rewards.reward_funcs} weights {recipe.training.reward_weights or 'all 1.0'}",
+        "",
+        f"layout: {recipe.layout.describe()}",
+        "",
+        f"batch arithmetic ({recipe.plan.num_processes} training processes):",
+        recipe.plan.describe(),
+        "",
+        "commands:",
+        *[f"  {c}" for c in commands],
+    ]
+    return "\n".join(out)

@@ -1,0 +1,148 @@
+"""Reward functions for math reasoning, in the shape TRL's GRPOTrainer calls them.
+
+Every function takes ``completions`` (strings, or conversational ``[{"role": "assistant", "content": ...}]``) plus
+the dataset columns as keyword arguments, and returns one float per completion (``None`` = "cannot score", which
+TRL skips). Recipes name them in ``reward_funcs`` and scale them with ``reward_weights``; seed 000's shaped reward
+is ``[gsm8k_correctness, hash_format, length]`` with weights ``[1.0, 0.1, 0.05]``.
+
+    >>> hash_format(["7 + 1 = 8\\n#### 8", "8"])
+    [1.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from .grading import GRADES, grade
+
+
+def completion_text(completion) -> str:
+    """Text of a completion, whether plain (``str``) or conversational (list of messages)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(message["content"] for message in completion if message.get("role", "assistant") == "assistant")
+
+
+def _texts(completions) -> list[str]:
+    return [completion_text(c) for c in completions]
+
+
+def log_grades(grades: list[str], log_metric: Callable[[str, float], None] | None) -> None:
+    """Report the fraction of correct / wrong / unparseable completions (``accuracy``, ``grade/*``)."""
+    if log_metric is None or not grades:
+        return
+    n = len(grades)
+    log_metric("accuracy", grades.count("correct") / n)
+    for name in GRADES[1:]:
+        log_metric(f"grade/{name}", grades.count(name) / n)
+
+
+def _correctness(task: str, texts: list[str], solution: list[str], log_metric) -> list[float]:
+    grades = [grade(text, gold, task) for text, gold in zip(texts, solution, strict=True)]
+    log_grades(grades, log_metric)
+    return [1.0 if g == "correct" else 0.0 for g in grades]
+
+
+def gsm8k_correctness(completions, solution, log_metric=None, **kwargs) -> list[float]:
+    """1.0 if the completion's answer equals the GSM8K gold answer, else 0.0.
+
+    >>> gsm8k_correctness(["3 + 4 = 7\\n#### 7", "#### 8"], solution=["#### 7", "#### 7"])
+    [1.0, 0.0]
+    """
+    return _correctness("gsm8k", _texts(completions), solution, log_metric)
+
+
+def math_correctness(completions, solution, log_metric=None, **kwargs) -> list[float]:
+    """1.0 if math-verify finds the completion's answer equal to the MATH gold answer, else 0.0.
+
+    >>> math_correctness(["so $\\\\boxed{\\\\frac{1}{2}}$"], solution=["\\\\boxed{0.5}"])
+    [1.0]
+    """
+    return _correctness("math", _texts(completions), solution, log_metric)
+
+
+_R1_ZERO_RE = re.compile(r"^\s*<think>.*?</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
+
+
+def r1_zero_answer(text: str) -> str | None:
+    """The ``<answer>`` content of an r1_zero completion, or None when the format is not respected.
+
+    >>> r1_zero_answer("<think>2+2</think> <answer>4</answer>")
+    '4'
+    """
+    match = _R1_ZERO_RE.match(text)
+    return match.group(1).strip() if match else None
+
+
+def r1_zero_format(completions, **kwargs) -> list[float]:
+    """1.0 for ``<think>...</think> <answer>...</answer>`` (seed 002's r1_zero format), else 0.0.
+
+    >>> r1_zero_format(["<think>x</think> <answer>1</answer>", "<answer>1</answer>"])
+    [1.0, 0.0]
+    """
+    return [1.0 if r1_zero_answer(t) is not None else 0.0 for t in _texts(completions)]
+
+
+def r1_zero_correctness(completions, solution, log_metric=None, **kwargs) -> list[float]:
+    """Seed 002's r1_zero answer reward: the ``<answer>`` content graded as MATH; bad format is unparseable.
+
+    >>> r1_zero_correctness(["<think>1+1</think> <answer>2</answer>", "2"], solution=["\\\\boxed{2}"] * 2)
+    [1.0, 0.0]
+    """
+    grades = []
+    for text, gold in zip(_texts(completions), solution, strict=True):
+        answer = r1_zero_answer(text)
+        grades.append("unparseable" if answer is None else grade(f"\\boxed{{{answer}}}", gold, "math"))
+    log_grades(grades, log_metric)
+    return [1.0 if g == "correct" else 0.0 for g in grades]
+
+
+_THINK_RE = re.compile(r"^\s*<think>(?!.*<think>).*?</think>.*$", re.DOTALL)
+
+
+def think_format(completions, **kwargs) -> list[float]:
+    """1.0 if the completion opens with exactly one ``<think>...</think>`` block, else 0.0.
+
+    >>> think_format(["<think>plan</think> 4", "4 <think>late</think>"])
+    [1.0, 0.0]
+    """
+    return [1.0 if _THINK_RE.match(t) else 0.0 for t in _texts(completions)]
+
+
+def hash_format(completions, **kwargs) -> list[float]:
+    """1.0 if the completion gives a final answer after ``####`` (seed 000's format term), else 0.0."""
+    return [1.0 if re.search(r"####\s*-?\$?\d", t) else 0.0 for t in _texts(completions)]
+
+
+def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
+    """1.0 if ``min_chars < len(completion) < max_chars`` characters (seed 000's length term), else 0.0.
+
+    >>> length(["x" * 60, "x"])
+    [1.0, 0.0]
+    """
+    return [1.0 if min_chars < len(t) < max_chars else 0.0 for t in _texts(completions)]
+
+
+def soft_overlong(completion_ids, max_completion_len: int, cache: int, **kwargs) -> list[float]:
+    """DAPO's soft overlong punishment: 0 up to ``max_completion_len - cache`` tokens, then linearly down to -1.
+
+    >>> soft_overlong([[0] * 10, [0] * 14, [0] * 16], max_completion_len=16, cache=8)
+    [0.0, -0.75, -1.0]
+    """
+    if not 0 < cache <= max_completion_len:
+        raise ValueError(f"soft_overlong needs 0 < cache <= max_completion_len, got {cache} and {max_completion_len}")
+    start = max_completion_len - cache
+    return [max(-1.0, min(0.0, (start - len(ids)) / cache)) for ids in completion_ids]
+
+
+REWARD_FUNCS: dict[str, Callable] = {
+    "gsm8k_correctness": gsm8k_correctness,
+    "math_correctness": math_correctness,
+    "r1_zero_correctness": r1_zero_correctness,
+    "r1_zero_format": r1_zero_format,
+    "think_format": think_format,
+    "hash_format": hash_format,
+    "length": length,
+    "soft_overlong": soft_overlong,
+}

@@ -1,0 +1,161 @@
+"""Train a policy with GRPO from one YAML recipe.
+
+    accelerate launch -m hf_grpo.train recipes/qwen7b.yaml          # a recipe (positional, or --config PATH)
+    accelerate launch -m hf_grpo.train                              # the embedded tiny default (recipes/tiny.yaml)
+    python -m hf_grpo.train recipes/qwen7b.yaml --dry-run           # check it and print layout and batch arithmetic
+    python -m hf_grpo.train recipes/tiny.yaml --learning_rate 1e-3  # override any key on the command line
+
+A run loads the policy (or builds and warm-starts the embedded tiny model), the datasets and the reward functions,
+measures held-out accuracy, trains with ``hf_grpo.GRPOTrainer``, saves the model (the adapter, as safetensors, with
+LoRA), measures held-out accuracy again and writes ``eval_results.json``, ``training_history.json`` and
+``training_curves.png`` to ``output_dir``. A recipe error exits with code 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .launch import accelerate_command, format_command
+from .recipe import SECTIONS, Recipe, RecipeError, apply_env, load_recipe, render_dry_run
+
+
+logger = logging.getLogger("hf_grpo")
+
+
+def load_policy(recipe: Recipe):
+    """(model, tokenizer): the embedded tiny model (built, warm-started, saved) or a pretrained one."""
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import get_quantization_config
+
+    model_args, args = recipe.model, recipe.training
+    if model_args.model_name_or_path == "tiny":
+        from .tiny import build_model, build_tokenizer, warm_start
+
+        tokenizer = build_tokenizer(seed=args.seed)
+        model = build_model(tokenizer, seed=args.seed, hidden_size=model_args.tiny_hidden_size)
+        warm_start(model, tokenizer, model_args.warm_start_steps, lr=model_args.warm_start_lr, seed=args.seed)
+        base_dir = Path(args.output_dir) / "base_model"
+        if args.process_index == 0:
+            model.save_pretrained(base_dir)  # safetensors; the adapter is saved relative to these weights
+            tokenizer.save_pretrained(base_dir)
+        model.config._name_or_path = str(base_dir.resolve())
+        return model, tokenizer
+
+    quantization = get_quantization_config(model_args)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        dtype=model_args.dtype or "auto",
+        attn_implementation=model_args.attn_implementation,
+        trust_remote_code=args.trust_remote_code,
+        quantization_config=quantization,
+        device_map={"": PartialState().local_process_index} if quantization is not None else None,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        padding_side="left",
+        trust_remote_code=args.trust_remote_code,
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def resume_target(args) -> str | bool | None:
+    """What to pass to ``Trainer.train(resume_from_checkpoint=...)``: ``auto``/``true`` resume when possible."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    value = args.resume_from_checkpoint
+    if isinstance(value, str) and value.lower() in ("auto", "true"):
+        last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+        if last:
+            logger.info("resuming from %s", last)
+        return last
+    return value
+
+
+def run(recipe: Recipe) -> dict:
+    """Train the recipe; returns the before/after evaluation (empty when disabled)."""
+    from trl import get_peft_config
+
+    from .data import load_grpo_datasets
+    from .evaluation.history import HistoryCallback, write_json
+    from .evaluation.report import EVAL_FILE, write_report
+    from .evaluation.tasks import TaskEvaluator
+    from .rewards import load_reward_funcs
+    from .trainer import GRPOTrainer
+
+    args = recipe.training
+    model, tokenizer = load_policy(recipe)
+    train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
+    task = recipe.data.resolved()["task"]
+    evaluator = TaskEvaluator(eval_dataset, task, args) if eval_dataset is not None else None
+    results = {}
+    if evaluator is not None and args.eval_before_after:
+        results["before"] = evaluator.run(model, tokenizer, label="before")
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=load_reward_funcs(recipe.rewards),
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset if args.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(recipe.model),
+        callbacks=[HistoryCallback(args.output_dir)],
+    )
+    if evaluator is not None and args.task_eval_steps > 0:
+        trainer.add_callback(evaluator.callback(trainer))
+    trainer.train(resume_from_checkpoint=resume_target(args))
+    trainer.save_model(args.output_dir)
+
+    if evaluator is not None and args.eval_before_after:
+        results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
+    if trainer.accelerator.is_main_process:
+        if results:
+            write_json(Path(args.output_dir) / EVAL_FILE, results)
+            logger.info(
+                "held-out accuracy: before %.3f, after %.3f",
+                results["before"]["accuracy"],
+                results["after"]["accuracy"],
+            )
+        write_report(args.output_dir)
+        logger.info("outputs in %s", args.output_dir)
+    trainer.accelerator.wait_for_everyone()
+    return results
+
+
+def print_help() -> None:
+    from trl import TrlParser
+
+    TrlParser(tuple(SECTIONS.values()), prog="python -m hf_grpo.train [RECIPE.yaml]").print_help()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    dry_run = any(a in ("--dry-run", "--dry_run") for a in argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print_help()
+        return 0
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    try:
+        recipe, _ = load_recipe(argv, for_run=not dry_run)
+    except RecipeError as exc:
+        print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    passthrough = [a for a in argv if a not in ("--dry-run", "--dry_run")]
+    if dry_run:
+        print(render_dry_run(recipe, [format_command(accelerate_command(recipe.layout, passthrough))]))  # noqa: T201
+        return 0
+    apply_env(recipe)
+    run(recipe)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
