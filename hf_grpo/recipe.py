@@ -60,6 +60,33 @@ SECRET_KEYS = {"hub_token"}
 SECRET_ENV = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD)", re.IGNORECASE)
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """YAML 1.2 scalars: only true/false are booleans (``eval_strategy: no`` stays the string "no"), and ``1e-6``
+    is a float (PyYAML's YAML 1.1 rules would read it as a string)."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    key: [
+        (tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")
+    ]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)$|^[-+]?(?:\d+\.\d*|\.\d+)$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text_or_stream):
+    return yaml.load(text_or_stream, Loader=RecipeLoader)
+
+
 class RecipeError(Exception):
     """A problem with a recipe or its overrides; the message says which key, which value and how to fix it."""
 
@@ -161,7 +188,7 @@ def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return True, value
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):  # PyYAML reads `1e-6` as a string
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):  # a quoted number such as "1e-6"
             return True, float(value)
         return False, value
     if hint is str:
@@ -204,7 +231,10 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: st
         raise RecipeError(
             f"{where}: {key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__}){hint_text}"
         )
+    enums = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)]
     choices = f.metadata.get("choices") or KNOWN_CHOICES.get(key)
+    if enums and isinstance(coerced, str):  # `IntervalStrategy | str` accepts any string, TrainingArguments does not
+        choices = [m.value for m in enums[0]]
     if choices is not None and coerced is not None and coerced not in choices:
         raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {coerced!r}")
     return coerced
@@ -258,7 +288,7 @@ def _parse_override(raw: str | None) -> Any:
     if raw is None:
         return True
     try:
-        return yaml.safe_load(raw) if raw.strip() else raw
+        return load_yaml(raw) if raw.strip() else raw
     except yaml.YAMLError:
         return raw
 
@@ -276,7 +306,7 @@ def read_yaml(path: Path) -> dict:
         raise RecipeError(f"recipe file {str(path)!r} does not exist; pass a path such as recipes/tiny.yaml")
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = load_yaml(f)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -397,10 +427,15 @@ def _build(section: str, values: dict, where: str):
         raise RecipeError(f"{where}: {exc}") from None
 
 
-def _validation_training_values(values: dict) -> dict:
-    """Training values with hardware-bound settings neutralised, to run TRL's checks on a machine of any kind."""
+def _validation_training_values(values: dict, plan: BatchPlan) -> dict:
+    """Training values with hardware-bound settings neutralised, to run TRL's checks on a machine of any kind.
+
+    TRL derives the generation batch from the current world size (1 here); the recipe's own layout is checked by
+    ``batch_plan``, so the copy gets the planned generation batch directly.
+    """
     checked = _section_values(values, "training")
     checked.update(bf16=False, fp16=False, use_cpu=True, deepspeed=None, fsdp=None, use_vllm=False)
+    checked.update(generation_batch_size=plan.completions_per_generation, steps_per_generation=None)
     checked.pop("fsdp_config", None)
     return checked
 
@@ -430,7 +465,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         _, f, hint = index[key]
         parsed = _parse_override(raw)
         if not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
-            parsed = raw  # e.g. `--eval_strategy no`, which YAML would read as False
+            parsed = raw  # a string field given something YAML reads as another type, e.g. `--run_name 2024`
         values[key] = check_value(key, parsed, hint, f, f"command line --{key}")
 
     _check_files(values, path.parent, where)
@@ -457,7 +492,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             f"{len(rewards.reward_funcs)}; give one weight per reward"
         )
 
-    training_values = _section_values(values, "training") if for_run else _validation_training_values(values)
+    training_values = _section_values(values, "training") if for_run else _validation_training_values(values, plan)
     try:
         training = HfGRPOConfig(**training_values)
     except (ValueError, TypeError) as exc:

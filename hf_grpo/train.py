@@ -109,6 +109,10 @@ def run(recipe: Recipe) -> dict:
         peft_config=get_peft_config(recipe.model),
         callbacks=[HistoryCallback(args.output_dir)],
     )
+    state = trainer.accelerator.state
+    logger.info(
+        "training on %d process(es), %s, device %s", state.num_processes, state.distributed_type.value, state.device
+    )
     if evaluator is not None and args.task_eval_steps > 0:
         trainer.add_callback(evaluator.callback(trainer))
     trainer.train(resume_from_checkpoint=resume_target(args))

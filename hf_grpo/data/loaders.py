@@ -11,7 +11,7 @@ name (alias)           hub id                        task      problem / gold co
 ``gsm8k``              openai/gsm8k (``main``)       gsm8k     question / answer         train / test
 ``math``               DigitalLearningGmbH/MATH-lighteval  math  problem / solution     train / test
 ``math500``            HuggingFaceH4/MATH-500        math      problem / answer          test
-``openmathinstruct2``  nvidia/OpenMathInstruct-2     math      problem / expected_answer  train (and train_1M...)
+``openmathinstruct2``  nvidia/OpenMathInstruct-2     math      problem / expected_answer  train_1M (train: 14M)
 =====================  ============================  ========  ========================  ====================
 
 Any other hub id works with explicit ``prompt_column`` / ``solution_column`` / ``task``; a local ``.jsonl``,
@@ -24,7 +24,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, load_dataset
 from trl import ScriptArguments
 
 from ..rewards.grading import TASKS, gsm8k_gold
@@ -89,6 +89,9 @@ class DataArguments(ScriptArguments):
             is) or `r1_zero` (seed 002's plain-text prompt that opens a `<think>` block).
         system_prompt (`str`, *optional*):
             System message prepended to chat prompts.
+        eval_dataset_name (`str`, *optional*):
+            Held-out dataset (preset name, hub id or local file) used instead of the dataset's test split, e.g.
+            `math500` when training on `math`.
         eval_split_size (`float`, defaults to `0.0`):
             Fraction of the train split held out for evaluation when the dataset has no test split.
         max_train_samples (`int`, *optional*):
@@ -115,6 +118,9 @@ class DataArguments(ScriptArguments):
         default="chat", metadata={"help": "`chat`, `plain` or `r1_zero`.", "choices": PROMPT_STYLES}
     )
     system_prompt: str | None = field(default=None, metadata={"help": "System message prepended to chat prompts."})
+    eval_dataset_name: str | None = field(
+        default=None, metadata={"help": "Held-out dataset (preset, hub id or local file) instead of the test split."}
+    )
     eval_split_size: float = field(
         default=0.0, metadata={"help": "Fraction of train held out for evaluation when there is no test split."}
     )
@@ -123,16 +129,22 @@ class DataArguments(ScriptArguments):
     arithmetic_train_size: int = field(default=4000, metadata={"help": "Embedded training problems."})
     arithmetic_eval_size: int = field(default=200, metadata={"help": "Embedded held-out problems."})
 
-    def resolved(self) -> dict:
-        """Preset values merged with explicit ones: hub id, config, task, columns and splits."""
-        name = ALIASES.get(self.dataset_name, self.dataset_name)
+    def resolved(self, name: str | None = None) -> dict:
+        """Preset values merged with explicit ones (hub id, config, task, columns, splits) for ``name``.
+
+        ``name`` defaults to ``dataset_name``; for another dataset (``eval_dataset_name``) explicit columns and
+        config apply only when it has no preset.
+        """
+        own = name is None
+        name = ALIASES.get(name or self.dataset_name, name or self.dataset_name)
         preset = PRESETS.get(name, {})
+        explicit = own or not preset
         return {
             "name": name,
-            "config": self.dataset_config or preset.get("config"),
+            "config": (self.dataset_config if own else None) or preset.get("config"),
             "task": self.task or preset.get("task"),
-            "prompt_column": self.prompt_column or preset.get("prompt_column"),
-            "solution_column": self.solution_column or preset.get("solution_column"),
+            "prompt_column": (self.prompt_column if explicit else None) or preset.get("prompt_column"),
+            "solution_column": (self.solution_column if explicit else None) or preset.get("solution_column"),
             "train_split": preset.get("train_split", self.dataset_train_split),
             "test_split": preset.get("test_split", self.dataset_test_split),
         }
@@ -153,67 +165,74 @@ def format_prompt(question: str, args: DataArguments):
     return messages + [{"role": "user", "content": text}]
 
 
-def _raw_splits(args: DataArguments, seed: int) -> tuple[Dataset, Dataset | None]:
-    spec = args.resolved()
-    name = spec["name"]
+def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
+    """One split of a preset, hub or local dataset, unformatted."""
     if name == "arithmetic":
-        train = Dataset.from_list(arithmetic.make_split("train", args.arithmetic_train_size, seed))
-        test = Dataset.from_list(arithmetic.make_split("test", args.arithmetic_eval_size, seed))
-        return train, test
+        size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
+        return Dataset.from_list(arithmetic.make_split("train" if split == "train" else "test", size, seed))
     if is_local_file(name):
         if not os.path.exists(name):
-            raise FileNotFoundError(f"dataset_name: local file {name!r} does not exist")
-        builder = LOCAL_BUILDERS[os.path.splitext(name)[1].lower()]
-        return load_dataset(builder, data_files=name, split="train"), None
-    loaded = load_dataset(name, spec["config"], streaming=args.dataset_streaming)
-    if not isinstance(loaded, DatasetDict):
-        return loaded, None
-    if spec["train_split"] not in loaded:
-        raise ValueError(
-            f"dataset {name!r} has no split {spec['train_split']!r} (it has {sorted(loaded)}); "
-            "set dataset_train_split to one of them"
-        )
-    test_split = spec["test_split"]
-    test = loaded[test_split] if test_split and test_split in loaded and test_split != spec["train_split"] else None
-    return loaded[spec["train_split"]], test
+            raise FileNotFoundError(f"dataset file {name!r} does not exist")
+        return load_dataset(LOCAL_BUILDERS[os.path.splitext(name)[1].lower()], data_files=name, split="train")
+    try:
+        return load_dataset(name, config, split=split)
+    except ValueError as exc:  # unknown split: datasets names the available ones
+        raise ValueError(f"dataset {name!r} (config {config!r}) has no split {split!r}: {exc}") from None
 
 
-def _to_grpo(raw: Dataset, args: DataArguments, where: str) -> Dataset:
+def _raw_splits(args: DataArguments, seed: int) -> tuple[Dataset, Dataset | None]:
     spec = args.resolved()
+    train = _load_raw(spec["name"], spec["config"], spec["train_split"], args, seed)
+    if args.eval_dataset_name:
+        eval_spec = args.resolved(args.eval_dataset_name)
+        return train, _load_raw(eval_spec["name"], eval_spec["config"], eval_spec["test_split"], args, seed)
+    if spec["name"] == "arithmetic":
+        return train, _load_raw("arithmetic", None, "test", args, seed)
+    if is_local_file(spec["name"]) or not spec["test_split"] or spec["test_split"] == spec["train_split"]:
+        return train, None
+    return train, _load_raw(spec["name"], spec["config"], spec["test_split"], args, seed)
+
+
+def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Dataset:
     for key in ("prompt_column", "solution_column"):
         column = spec[key]
         if column is None:
             raise ValueError(f"{key} is not set and {spec['name']!r} has no preset; set {key} in the recipe")
         if column not in raw.column_names:
             raise ValueError(
-                f"{key}: column {column!r} is not in the {where} data (columns: {raw.column_names}); "
+                f"{key}: column {column!r} is not in the {where} data {spec['name']!r} (columns: {raw.column_names}); "
                 f"set {key} to one of them"
             )
-    prompts, solutions, dropped = [], [], []
-    for row in raw:
-        gold = str(row[spec["solution_column"]])
-        readable = gsm8k_gold(gold) is not None if spec["task"] == "gsm8k" else bool(gold.strip())
-        if not readable:
-            dropped.append(gold)
-            continue
-        prompts.append(format_prompt(str(row[spec["prompt_column"]]), args))
-        solutions.append(gold)
-    if dropped:
+    prompt_col, gold_col, task = spec["prompt_column"], spec["solution_column"], spec["task"]
+
+    def readable(row) -> bool:
+        gold = str(row[gold_col])
+        return gsm8k_gold(gold) is not None if task == "gsm8k" else bool(gold.strip())
+
+    kept = raw.filter(readable, desc=f"checking {where} gold answers")
+    if len(kept) < len(raw):
+        example = next(str(r[gold_col]) for r in raw if not readable(r))
         logger.warning(
             "%s data: dropped %d of %d rows whose gold answer cannot be graded as %s (first: %r)",
             where,
-            len(dropped),
+            len(raw) - len(kept),
             len(raw),
-            spec["task"],
-            dropped[0][:200],
+            task,
+            example[:200],
         )
-    if not prompts:
-        raise ValueError(f"{where} data: no row has a gold answer gradable as task={spec['task']!r}")
-    return Dataset.from_dict({"prompt": prompts, "solution": solutions})
+    if len(kept) == 0:
+        raise ValueError(f"{where} data: no row has a gold answer gradable as task={task!r}")
+    return kept.map(
+        lambda row: {"prompt": format_prompt(str(row[prompt_col]), args), "solution": str(row[gold_col])},
+        remove_columns=kept.column_names,
+        desc=f"formatting {where} prompts",
+    )
 
 
 def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dataset | None]:
     """Train and eval datasets with columns ``prompt`` and ``solution``; eval is None when there is none."""
+    if args.dataset_streaming:
+        raise ValueError("dataset_streaming is not supported; use max_train_samples to bound a large dataset")
     task = args.resolved()["task"]
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}; set task in the recipe")
@@ -221,8 +240,9 @@ def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dat
     if test is None and args.eval_split_size > 0:
         parts = train.train_test_split(test_size=args.eval_split_size, seed=seed)
         train, test = parts["train"], parts["test"]
-    train = _to_grpo(train, args, "train")
-    test = _to_grpo(test, args, "eval") if test is not None else None
+    train = _to_grpo(train, args, args.resolved(), "train")
+    eval_spec = args.resolved(args.eval_dataset_name) if args.eval_dataset_name else args.resolved()
+    test = _to_grpo(test, args, eval_spec, "eval") if test is not None else None
     if args.max_train_samples is not None and len(train) > args.max_train_samples:
         train = train.shuffle(seed=seed).select(range(args.max_train_samples))
     if test is not None and args.max_eval_samples is not None and len(test) > args.max_eval_samples:

@@ -1,0 +1,44 @@
+"""Shared fixtures: offline hub settings, a small thread count, and tiny models built once per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_module(module: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` in a fresh interpreter from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random-init tiny model and tokenizer saved to disk (for servers and evaluators that load from a path)."""
+    from hf_grpo.tiny import build_tiny
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model, tokenizer = build_tiny(seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
