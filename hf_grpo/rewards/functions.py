@@ -110,9 +110,12 @@ def think_format(completions, **kwargs) -> list[float]:
     return [1.0 if _THINK_RE.match(t) else 0.0 for t in _texts(completions)]
 
 
+_HASH_ANSWER_RE = re.compile(r"####\s*[-\u2212]?\s*(?:\\?\$)?\s*\d")
+
+
 def hash_format(completions, **kwargs) -> list[float]:
     """1.0 if the completion gives a final answer after ``####`` (seed 000's format term), else 0.0."""
-    return [1.0 if re.search(r"####\s*-?\$?\d", t) else 0.0 for t in _texts(completions)]
+    return [1.0 if _HASH_ANSWER_RE.search(t) else 0.0 for t in _texts(completions)]
 
 
 def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
@@ -127,7 +130,7 @@ def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> 
 def soft_overlong(completion_ids, max_completion_len: int, cache: int, **kwargs) -> list[float]:
     """DAPO's soft overlong punishment: 0 up to ``max_completion_len - cache`` tokens, then linearly down to -1.
 
-    >>> soft_overlong([[0] * 10, [0] * 14, [0] * 16], max_completion_len=16, cache=8)
+    >>> soft_overlong([[0] * 8, [0] * 14, [0] * 16], max_completion_len=16, cache=8)
     [0.0, -0.75, -1.0]
     """
     if not 0 < cache <= max_completion_len:

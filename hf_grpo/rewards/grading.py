@@ -6,13 +6,16 @@ evaluator and the tests all go through it, so a change here changes every number
 
 GSM8K (``task="gsm8k"``): the gold answer is the text after ``####`` (or the whole string if there is none). The
 prediction is, in order of preference: the text after the last ``####``, the last ``\\boxed{...}``, the number after
-"answer is" / "answer:", and finally the last number in the completion (lm-eval's "flexible" extraction). Numbers
-are compared as exact rationals after removing ``$``, thousands separators, units and a trailing ``%``, so
-``$1,234.00``, ``1234`` and ``1,234 dollars`` are equal, and ``3/4`` equals ``0.75``.
+"answer is" / "answer:", and finally the last number in the completion (lm-eval's "flexible" extraction); a place
+that holds no number (a bare ``####`` ending a cut-off completion) falls through to the next. Numbers are compared
+as exact rationals after removing ``$``, thousands separators (also LaTeX's ``2{,}000``), units and a trailing
+``%``, so ``$1,234.00``, ``1234`` and ``1,234 dollars`` are equal, and ``3/4`` and ``\\frac{3}{4}`` equal ``0.75``.
 
 MATH (``task="math"``): the gold answer is the content of the last ``\\boxed{}`` in the gold solution (or the
 whole string). Equivalence is decided by math-verify with the gold answer first (the argument order matters:
 ``verify`` is deliberately asymmetric). A completion is unparseable when math-verify extracts nothing from it.
+With several ``\\boxed{}`` in a completion the last one counts; math-verify's own reading of the whole completion,
+which joins "$\\boxed{-2}$ and $\\boxed{3}$" into one answer, is tried second.
 
 math-verify's own timeouts use ``signal.alarm`` and only work in a main thread, and they cannot interrupt a long
 C-level SymPy call (huggingface/Math-Verify#65). They are disabled here; hard timeouts are enforced by running
@@ -37,9 +40,13 @@ GRADES = ("correct", "wrong", "unparseable")
 TASKS = ("gsm8k", "math")
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+"
-_NUMBER_RE = re.compile(_NUMBER)
-_ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
-_FRAC_RE = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}")
+_FRAC_PART = r"(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))"  # \frac{12}{5} or the brace-less \frac34
+_FRAC = rf"(-?)\\[dt]?frac\s*{_FRAC_PART}\s*{_FRAC_PART}"
+_TOKEN_RE = re.compile(rf"{_FRAC}|{_NUMBER}")  # a fraction or a number, whichever starts first
+# "The answer is 18", "**Answer:** 18", "The answer is \(18\)", "answer = \frac{3}{4}"
+_ANSWER_IS_RE = re.compile(rf"answer\s*(?:is|:|=)(?:[\s:*]|\\\()*((?:{_FRAC}|{_NUMBER}))", re.IGNORECASE)
+_DIGIT_SEPARATOR_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d)")  # LaTeX thousands separators: 2{,}000, 2\,000
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def last_boxed(text: str) -> str | None:
@@ -48,12 +55,10 @@ def last_boxed(text: str) -> str | None:
     >>> last_boxed(r"so \\boxed{1} and finally \\boxed{\\frac{1}{2}}")
     '\\\\frac{1}{2}'
     """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
+    starts = list(_BOXED_RE.finditer(text))
+    if not starts:
         return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
+    i = starts[-1].end() - 1  # the opening brace
     depth = 0
     for j in range(i, len(text)):
         if text[j] == "{":
@@ -65,43 +70,61 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def to_number(text: str) -> Fraction | None:
-    """Parse a GSM8K-style number (``$1,234.50``, ``-3``, ``3/4``, ``\\frac{3}{4}``, ``25%``) as an exact Fraction.
+def _clean(text: str) -> str:
+    """Remove what may sit inside or around a written number: ``$`` / ``\\$``, LaTeX separators, a Unicode minus."""
+    text = text.replace("\u2212", "-").replace("\\$", "").replace("$", "").replace("\\!", "")
+    return _DIGIT_SEPARATOR_RE.sub(",", text)
 
-    >>> to_number("$1,234.50")
-    Fraction(2469, 2)
-    """
-    text = text.strip().replace("\\$", "").replace("$", "").replace("\\!", "").replace("{,}", ",")
-    frac = _FRAC_RE.search(text)
-    if frac:
-        num, den = int(frac.group(1)), int(frac.group(2))
-        return Fraction(num, den) if den else None
-    match = _NUMBER_RE.search(text)
-    if not match:
-        return None
-    token = match.group(0).replace(",", "").replace(" ", "")
+
+def _token_value(match: re.Match) -> Fraction | None:
+    sign, num_braced, num_digit, den_braced, den_digit = match.groups()
     try:
+        if num_braced or num_digit:  # a \frac
+            value = Fraction(num_braced or num_digit) / Fraction(den_braced or den_digit)
+            return -value if sign else value
+        token = match.group(0).replace(",", "").replace(" ", "")
         if "/" in token:
             num, den = token.split("/")
-            return Fraction(Fraction(num), Fraction(den)) if Fraction(den) else None
+            return Fraction(num) / Fraction(den)
         return Fraction(token)
     except (ValueError, ZeroDivisionError):
         return None
 
 
+def to_number(text: str) -> Fraction | None:
+    """Parse the first GSM8K-style number in ``text`` (``$1,234.50``, ``-3``, ``3/4``, ``\\frac{3}{4}``, ``25%``).
+
+    The result is an exact Fraction, or None when there is no number.
+
+    >>> to_number("$1,234.50")
+    Fraction(2469, 2)
+    >>> to_number("-\\\\frac{3}{4} cup")
+    Fraction(-3, 4)
+    """
+    match = _TOKEN_RE.search(_clean(text))
+    return _token_value(match) if match else None
+
+
 def extract_gsm8k(completion: str) -> Fraction | None:
-    """The predicted number of a GSM8K completion, or None when none can be found (see module docstring)."""
-    if "####" in completion:
-        tail = completion.rsplit("####", 1)[1]
-        return to_number(tail)
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return to_number(boxed)
-    said = _ANSWER_IS_RE.findall(completion)
-    if said:
-        return to_number(said[-1])
-    numbers = _NUMBER_RE.findall(completion.replace("\\$", "$"))
-    return to_number(numbers[-1]) if numbers else None
+    """The predicted number of a GSM8K completion, or None when none can be found (see module docstring).
+
+    Each place is tried in order of preference, and a place that holds no number (``####`` at the very end of a
+    cut-off completion, ``\\boxed{}``) falls through to the next one.
+    """
+    text = _clean(completion)
+    said = list(_ANSWER_IS_RE.finditer(text))
+    numbers = list(_TOKEN_RE.finditer(text))
+    places = (
+        completion.rsplit("####", 1)[1] if "####" in completion else None,
+        last_boxed(completion),
+        said[-1].group(1) if said else None,
+        numbers[-1].group(0) if numbers else None,
+    )
+    for place in places:
+        predicted = to_number(place) if place is not None else None
+        if predicted is not None:
+            return predicted
+    return None
 
 
 def gsm8k_gold(gold: str) -> Fraction | None:
@@ -138,22 +161,30 @@ def _grade_math(completion: str, gold: str) -> str:
     )
     if not gold_parsed:
         raise ValueError(f"gold answer {gold!r} could not be parsed by math-verify")
-    predicted = parse(
-        completion,
-        extraction_config=[
-            LatexExtractionConfig(
-                normalization_config=NormalizationConfig(units=True, malformed_operators=False, boxed="all"),
-                boxed_match_priority=0,
-                try_extract_without_anchor=False,
-            ),
-            ExprExtractionConfig(try_extract_without_anchor=False),
-        ],
-        extraction_mode="first_match",
-        parsing_timeout=None,
-    )
-    if not predicted:
-        return "unparseable"
-    return "correct" if verify(gold_parsed, predicted, timeout_seconds=None) else "wrong"
+    config = [
+        LatexExtractionConfig(
+            # malformed_operators reads \frac12 and \sqrt2 as the gold side does; without it they stay strings
+            normalization_config=NormalizationConfig(units=True, malformed_operators=True, boxed="all"),
+            boxed_match_priority=0,
+            try_extract_without_anchor=False,
+        ),
+        ExprExtractionConfig(try_extract_without_anchor=False),
+    ]
+    readings = [completion]
+    boxed = last_boxed(completion)
+    if boxed is not None and len(_BOXED_RE.findall(completion)) > 1:
+        # The last \boxed{} counts: math-verify alone joins boxes a comma or "and" apart, so "\boxed{5}. Wait,
+        # actually \boxed{7}" would read {5, 7}. Its own reading is kept second, for one answer split over several
+        # boxes ("$\boxed{-2}$ and $\boxed{3}$" for the gold "-2, 3").
+        readings.insert(0, f"\\boxed{{{boxed}}}")
+    result = "unparseable"
+    for text in readings:
+        predicted = parse(text, extraction_config=config, extraction_mode="first_match", parsing_timeout=None)
+        if predicted:
+            if verify(gold_parsed, predicted, timeout_seconds=None):
+                return "correct"
+            result = "wrong"
+    return result
 
 
 def grade(completion: str, gold: str, task: str) -> str:
