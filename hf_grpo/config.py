@@ -131,14 +131,13 @@ class HfGRPOConfig(GRPOConfig):
         # hardware instead, so one recipe runs both on a GPU node and on a laptop.
         if self.bf16 is None and not self.fp16 and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
             self.bf16 = False
-        # Under `accelerate launch` with a DeepSpeed config but no GPU, accelerate picks no process-group backend and
-        # every process silently trains alone (world size 1). gloo is the backend DeepSpeed's CPU accelerator needs.
-        if (
-            self.ddp_backend is None
-            and not torch.cuda.is_available()
-            and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        ):
-            self.ddp_backend = "gloo"
+        # Several processes but no GPU: accelerate picks no process-group backend and every process silently trains
+        # alone (world size 1). DeepSpeed's CPU accelerator needs gloo; plain data parallel needs use_cpu (-> gloo).
+        if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+                self.ddp_backend = self.ddp_backend or "gloo"
+            else:
+                self.use_cpu = True
         if self.advantage_estimator == "dr_grpo":
             self.scale_rewards = "none"
         super().__post_init__()

@@ -68,3 +68,32 @@ def test_tiny_recipe_under_zero2_cpu_offload_with_two_processes(tmp_path):
     assert [r["step"] for r in history] == [1, 2, 3]
     adapter = load_file(out / "adapter_model.safetensors")
     assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)
+
+
+def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
+    out = tmp_path / "ranks.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "accelerate_configs/cpu.yaml"),
+        "-m",
+        "tests.distributed_check",
+        str(out),
+    ]
+    result = subprocess.run(
+        cmd,
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    reports = json.loads(out.read_text())
+    assert [r["rank"] for r in reports] == [0, 1] and reports[0]["world_size"] == 2
+    assert reports[0]["keep_digest"] == reports[1]["keep_digest"], "processes disagree on the kept groups"
+    assert reports[0]["params"] == reports[1]["params"], "parameters diverged between processes"
+    assert max(reports[0]["rounds"]) > 1, "the scripted reward should have forced extra generation rounds"

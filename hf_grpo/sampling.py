@@ -1,0 +1,172 @@
+"""Dynamic sampling (DAPO, https://huggingface.co/papers/2503.14476): which prompt groups to keep, and the pool of
+kept groups that fills each batch exactly.
+
+Everything here is pure tensor bookkeeping, independent of the trainer, so it is unit-tested on hand-made rewards:
+
+- ``keep_mask(values, G)``: a group is kept when its values are not all equal (all-equal rewards give every
+  completion a zero advantage, hence no gradient). Unscorable completions (NaN) are ignored; a group needs two
+  distinct finite values to be kept.
+- ``split_groups`` / ``collate_groups``: cut a scored batch (the dict TRL's ``_generate_and_score_completions``
+  returns) into groups of ``G`` rows and put groups from different generation rounds back together, re-padding
+  prompts on the left and completions on the right.
+- ``GroupPool``: carried-over and freshly kept groups, first in first out, so a carried group waits at most one
+  optimizer step.
+- ``PromptStream``: the deterministic stream of extra prompts for the second and later generation rounds; its whole
+  state is ``(epoch, cursor)``, which is checkpointed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+Group = dict[str, torch.Tensor]  # every tensor has G rows
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # left-padded
+COMPLETION_KEYS = (  # right-padded along the completion axis
+    "completion_ids",
+    "completion_mask",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "tool_mask",
+)
+ROW_KEYS = ("advantages",)
+
+
+def keep_mask(values: torch.Tensor, num_generations: int, atol: float = 1e-6) -> torch.Tensor:
+    """Which groups carry a learning signal. ``values``: [N] (N = groups x G, group-major) -> [N / G] bool.
+
+    >>> keep_mask(torch.tensor([1.0, 0.0, 1.0, 1.0, float("nan"), 0.0]), 2)
+    tensor([ True, False, False])
+    """
+    grouped = values.view(-1, num_generations)  # [N/G, G]
+    finite = ~torch.isnan(grouped)
+    high = torch.where(finite, grouped, torch.full_like(grouped, -torch.inf)).max(dim=1).values  # [N/G]
+    low = torch.where(finite, grouped, torch.full_like(grouped, torch.inf)).min(dim=1).values  # [N/G]
+    return (finite.sum(dim=1) >= 2) & ((high - low) > atol)
+
+
+def split_groups(batch: dict, num_generations: int, token_level_keys: tuple[str, ...] = ()) -> list[Group]:
+    """Cut a scored batch into groups of ``num_generations`` rows (``num_items_in_batch`` is dropped)."""
+    keys = [k for k in batch if k != "num_items_in_batch"]
+    allowed = (
+        set(PROMPT_KEYS) | set(COMPLETION_KEYS) | set(ROW_KEYS) | set(token_level_keys) | {"importance_sampling_ratio"}
+    )
+    unsupported = [k for k in keys if k not in allowed]
+    if unsupported:
+        raise NotImplementedError(
+            f"dynamic_sampling supports text-only batches; this batch also has {unsupported} "
+            "(multimodal inputs or tools). Set dynamic_sampling: false."
+        )
+    rows = batch["completion_ids"].size(0)
+    if rows % num_generations:
+        raise ValueError(f"batch of {rows} rows is not made of whole groups of {num_generations}")
+    return [{k: batch[k][start : start + num_generations] for k in keys} for start in range(0, rows, num_generations)]
+
+
+def _pad_to(tensor: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    missing = width - tensor.size(1)
+    if missing <= 0:
+        return tensor
+    pad = tensor.new_full((tensor.size(0), missing, *tensor.shape[2:]), value)
+    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
+
+
+def collate_groups(groups: list[Group], pad_token_id: int, token_level_keys: tuple[str, ...] = ()) -> dict:
+    """Concatenate groups into one batch, re-padding prompts (left) and completions (right) to the widest."""
+    completion_keys = COMPLETION_KEYS + tuple(token_level_keys)
+    pad_values = {"prompt_ids": pad_token_id, "completion_ids": pad_token_id, "tool_mask": 1}
+    keys = list(groups[0])
+    missing = [k for k in keys if any(k not in g for g in groups)]
+    if missing:
+        raise ValueError(f"cannot collate groups: {missing} present in some groups only")
+    batch = {}
+    for key in keys:
+        parts = [g[key] for g in groups]
+        if key in PROMPT_KEYS or key in completion_keys:
+            width = max(p.size(1) for p in parts)
+            parts = [_pad_to(p, width, pad_values.get(key, 0), left=key in PROMPT_KEYS) for p in parts]
+        batch[key] = torch.cat(parts, dim=0)
+    return batch
+
+
+@dataclass
+class GroupPool:
+    """Kept groups waiting to be trained on, oldest first. ``carried`` counts those that came from earlier steps."""
+
+    groups: list[Group] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, groups: list[Group]) -> None:
+        self.groups.extend(groups)
+
+    def take(self, n: int) -> list[Group]:
+        """The ``n`` oldest groups (fewer if the pool is smaller), removed from the pool."""
+        taken, self.groups = self.groups[:n], self.groups[n:]
+        return taken
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Flat ``{"<index>.<key>": tensor}`` for safetensors."""
+        return {f"{i}.{k}": t.detach().cpu().contiguous() for i, g in enumerate(self.groups) for k, t in g.items()}
+
+    @classmethod
+    def from_state_tensors(cls, tensors: dict[str, torch.Tensor], device) -> GroupPool:
+        groups: dict[int, Group] = {}
+        for name, tensor in tensors.items():
+            index, _, key = name.partition(".")
+            groups.setdefault(int(index), {})[key] = tensor.to(device)
+        return cls([groups[i] for i in sorted(groups)])
+
+
+def assemble_batch(pool: GroupPool, dropped: list[Group], needed: int) -> tuple[list[Group], int]:
+    """The ``needed`` groups to train on: the oldest kept groups first, then, when the pool is short (the
+    generation budget ran out), the most recently dropped groups. Returns ``(groups, number filled)``.
+
+    >>> pool = GroupPool([{"x": torch.tensor([1])}, {"x": torch.tensor([2])}])
+    >>> groups, filled = assemble_batch(pool, [{"x": torch.tensor([9])}], needed=3)
+    >>> [int(g["x"]) for g in groups], filled, len(pool)
+    ([1, 2, 9], 1, 0)
+    """
+    groups = pool.take(needed)
+    filled = needed - len(groups)
+    if filled > len(dropped):
+        raise ValueError(f"cannot fill {filled} groups from {len(dropped)} dropped ones")
+    return groups + (dropped[len(dropped) - filled :] if filled else []), filled
+
+
+@dataclass
+class PromptStream:
+    """Endless shuffled stream of dataset indices for extra generation rounds; state = ``(epoch, cursor)``.
+
+    Every process holds the same stream and reads the same global slice each round, then keeps its own share, so
+    processes stay in step without communicating.
+    """
+
+    size: int
+    seed: int
+    epoch: int = 0
+    cursor: int = 0
+
+    def _order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def next(self, n: int) -> list[int]:
+        """The next ``n`` indices (wrapping into a new shuffled epoch when needed)."""
+        out: list[int] = []
+        while len(out) < n:
+            order = self._order()
+            take = order[self.cursor : self.cursor + n - len(out)]
+            out += take
+            self.cursor += len(take)
+            if self.cursor >= self.size:
+                self.epoch, self.cursor = self.epoch + 1, 0
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor}

@@ -1,0 +1,135 @@
+"""Dynamic sampling's bookkeeping on hand-made tensors: keep mask, group split/collate, pool, fill, prompt stream."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+
+from hf_grpo import sampling
+from hf_grpo.sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
+from hf_grpo.trainer import leave_one_out_advantages
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "rewards, expected",
+    [
+        ([0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [False, False, False]),  # all zero
+        ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0], [False, False, False]),  # all one
+        ([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], [True, False, False]),
+        ([0.5, 0.5 + 1e-9, 0.2, 0.3, NAN, NAN], [False, True, False]),  # float noise is not variance; NaN = no info
+        ([NAN, 1.0, 0.0, NAN, 1.0, 1.0], [False, False, False]),  # one finite value per group is not enough
+        ([0.0, 1.1, 0.0, 0.0, 0.05, 0.0], [True, False, True]),  # shaped rewards
+    ],
+)
+def test_keep_mask(rewards, expected):
+    assert keep_mask(torch.tensor(rewards), 2).tolist() == expected
+
+
+def test_keep_mask_groups_of_four():
+    rewards = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float)
+    assert keep_mask(rewards, 4).tolist() == [True, False, False]
+
+
+def batch_of(prompt_lens, completion_lens, advantages, pad=0):
+    """A scored batch as TRL returns it: prompts left-padded, completions right-padded."""
+    rows = len(prompt_lens)
+    p, c = max(prompt_lens), max(completion_lens)
+    out = {
+        "prompt_ids": torch.full((rows, p), pad),
+        "prompt_mask": torch.zeros(rows, p, dtype=torch.long),
+        "completion_ids": torch.full((rows, c), pad),
+        "completion_mask": torch.zeros(rows, c, dtype=torch.long),
+        "advantages": torch.tensor(advantages, dtype=torch.float),
+        "num_items_in_batch": torch.tensor(99),
+    }
+    for i, (pl, cl) in enumerate(zip(prompt_lens, completion_lens, strict=True)):
+        out["prompt_ids"][i, p - pl :] = torch.arange(1, pl + 1) + 100 * i
+        out["prompt_mask"][i, p - pl :] = 1
+        out["completion_ids"][i, :cl] = torch.arange(1, cl + 1) + 100 * i
+        out["completion_mask"][i, :cl] = 1
+    return out
+
+
+def test_split_then_collate_across_rounds_repads_both_sides():
+    round1 = batch_of([3, 3, 2, 2], [2, 4, 1, 1], [1.0, -1.0, 0.5, -0.5])
+    round2 = batch_of([5, 5], [6, 3], [0.7, -0.7], pad=0)
+    groups = split_groups(round1, 2) + split_groups(round2, 2)
+    assert len(groups) == 3 and all(g["completion_ids"].size(0) == 2 for g in groups)
+    batch = collate_groups([groups[2], groups[0]], pad_token_id=0)
+    assert batch["prompt_ids"].shape == (4, 5) and batch["completion_ids"].shape == (4, 6)
+    # prompts stay right-aligned (left padding), completions left-aligned (right padding)
+    assert batch["prompt_mask"][2].tolist() == [0, 0, 1, 1, 1]
+    assert batch["prompt_ids"][2, 2:].tolist() == [1, 2, 3]
+    assert batch["completion_mask"][3].tolist() == [1, 1, 1, 1, 0, 0]
+    assert batch["advantages"].tolist() == pytest.approx([0.7, -0.7, 1.0, -1.0])
+    assert "num_items_in_batch" not in batch  # recomputed by the trainer for the assembled batch
+
+
+def test_split_refuses_multimodal_batches():
+    batch = batch_of([2, 2], [1, 1], [0.0, 0.0])
+    batch["pixel_values"] = torch.zeros(2, 3)
+    with pytest.raises(NotImplementedError, match="pixel_values"):
+        split_groups(batch, 2)
+
+
+def test_pool_is_first_in_first_out_and_survives_a_round_trip():
+    groups = [{"completion_ids": torch.full((2, i + 1), i)} for i in range(3)]
+    pool = GroupPool()
+    pool.add(groups)
+    assert [g["completion_ids"][0, 0].item() for g in pool.take(2)] == [0, 1]
+    assert len(pool) == 1
+    restored = GroupPool.from_state_tensors(pool.state_tensors(), device="cpu")
+    assert torch.equal(restored.groups[0]["completion_ids"], groups[2]["completion_ids"])
+
+
+def group(tag: float) -> dict:
+    return {"advantages": torch.tensor([tag, -tag])}
+
+
+def test_assemble_takes_kept_groups_oldest_first_and_carries_the_rest():
+    pool = GroupPool([group(1), group(2), group(3)])
+    chosen, filled = assemble_batch(pool, dropped=[group(0)], needed=2)
+    assert [g["advantages"][0].item() for g in chosen] == [1, 2] and filled == 0
+    assert [g["advantages"][0].item() for g in pool.groups] == [3]  # carried to the next step
+
+
+def test_assemble_fills_an_exhausted_budget_with_the_latest_dropped_groups():
+    pool = GroupPool([group(1)])
+    dropped = [group(0.0), group(-0.0), group(0.0)]
+    chosen, filled = assemble_batch(pool, dropped, needed=3)
+    assert filled == 2 and len(chosen) == 3 and len(pool) == 0
+    assert chosen[1] is dropped[1] and chosen[2] is dropped[2]
+
+
+def test_assemble_all_dropped():
+    chosen, filled = assemble_batch(GroupPool(), [group(0.0)] * 4, needed=4)
+    assert filled == 4 and len(chosen) == 4
+
+
+def test_prompt_stream_is_deterministic_and_resumable():
+    a = PromptStream(size=10, seed=3)
+    first = a.next(7) + a.next(7)  # crosses an epoch boundary
+    assert sorted(first[:10]) == list(range(10))
+    b = PromptStream(size=10, seed=3)
+    b.next(7)
+    c = PromptStream(size=10, seed=3, **b.state())
+    assert c.next(7) == first[7:]
+
+
+def test_leave_one_out_with_nan_and_scaling():
+    rewards = torch.tensor([1.0, 0.0, NAN, 1.0, 1.0, 0.0, 0.0, 0.0])
+    adv = leave_one_out_advantages(rewards, 4, "none")
+    # group 1: valid {1, 0, 1}: baselines (0+1)/2, (1+1)/2, (1+0)/2
+    assert adv[:4].tolist() == pytest.approx([0.5, -1.0, 0.0, 0.5])
+    assert adv[4:].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+    scaled = leave_one_out_advantages(rewards, 4, "group")
+    assert scaled[4].item() == pytest.approx(1.0 / (torch.tensor([1.0, 0, 0, 0]).std().item() + 1e-4))
+
+
+def test_doctests():
+    assert doctest.testmod(sampling).failed == 0

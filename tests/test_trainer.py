@@ -1,0 +1,236 @@
+"""Tiny-trainer tests of hf_grpo.GRPOTrainer: dynamic sampling (filter, fill, carry-over), the leave-one-out
+baseline, metrics, and exact resume."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig
+from transformers import TrainerCallback
+
+from hf_grpo.config import HfGRPOConfig
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.rewards.functions import gsm8k_correctness
+from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.trainer import GRPOTrainer
+
+from . import reward_scripts
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=64)
+    warm_start(model, tokenizer, steps=60)
+    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=256, arithmetic_eval_size=8))
+    return model, tokenizer, train
+
+
+def make_trainer(tiny, tmp_path, reward=gsm8k_correctness, **overrides) -> GRPOTrainer:
+    model, tokenizer, train = tiny
+    values = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_completion_length=12,
+        learning_rate=5e-3,
+        max_steps=3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        lr_scheduler_type="constant",
+        bf16=False,
+    )
+    values.update(overrides)
+    peft = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return GRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=reward,
+        args=HfGRPOConfig(**values),
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=peft,
+    )
+
+
+def trainable(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def logged(trainer, key):
+    return [r[key] for r in trainer.state.log_history if key in r]
+
+
+def capture_batches(trainer) -> list[dict]:
+    batches, original = [], trainer._dynamic_batch
+
+    def spy(inputs):
+        batch = original(inputs)
+        batches.append(batch)
+        return batch
+
+    trainer._dynamic_batch = spy
+    return batches
+
+
+def test_parameters_change_and_metrics_are_logged(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path)
+    before = trainable(trainer)
+    trainer.train()
+    after = trainable(trainer)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
+    record = trainer.state.log_history[0]
+    for key in (
+        "reward",
+        "reward_std",
+        "rewards/gsm8k_correctness/mean",
+        "accuracy",
+        "grade/unparseable",
+        "advantage/mean",
+        "advantage/std",
+        "entropy",
+        "frac_reward_zero_std",
+        "clip_ratio/region_mean",
+        "time/generate",
+        "time/reward",
+        "time/train",
+        "time/step",
+    ):
+        assert key in record, key
+    assert record["time/generate"] > 0 and record["time/train"] > 0
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal(tiny, tmp_path):
+    trainer = make_trainer(
+        tiny,
+        tmp_path,
+        reward=reward_scripts.half_varying,
+        dynamic_sampling=True,
+        max_generation_batches=10,
+        max_steps=4,
+    )
+    batches = capture_batches(trainer)
+    trainer.train()
+    assert len(batches) == 4
+    for batch in batches:
+        assert batch["completion_ids"].size(0) == 16  # the batch is always exactly full
+        grouped = batch["advantages"].view(-1, 4)
+        assert (grouped.abs().sum(dim=1) > 0).all(), "a zero-variance group reached the optimizer"
+    rounds = logged(trainer, "dynamic_sampling/rounds")
+    assert max(rounds) > 1  # about half the groups are dropped, so extra rounds were needed
+    kept = logged(trainer, "dynamic_sampling/kept_fraction")
+    assert all(0 < f < 1 for f in kept) and 0.2 < sum(kept) / len(kept) < 0.8
+    assert logged(trainer, "dynamic_sampling/exhausted") == [0.0] * 4
+    assert any(c > 0 for c in logged(trainer, "dynamic_sampling/carry_out")), "surplus groups were not carried"
+    assert all(g >= 1.0 for g in logged(trainer, "dynamic_sampling/generated_per_trained"))
+
+
+def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path, reward=reward_scripts.half_varying, dynamic_sampling=True, max_steps=3)
+    batches = capture_batches(trainer)
+    trainer.train()
+    with_carry = [b for b in batches if "old_per_token_logps" in b]
+    assert with_carry, "no batch mixed carried and fresh groups"
+    for batch in with_carry:
+        assert batch["old_per_token_logps"].shape == batch["completion_ids"].shape
+
+
+@pytest.mark.parametrize("reward", [reward_scripts.always_zero, reward_scripts.always_one], ids=["all0", "all1"])
+def test_exhausted_budget_fills_with_zero_advantage_groups(tiny, tmp_path, reward):
+    trainer = make_trainer(tiny, tmp_path, reward=reward, dynamic_sampling=True, max_generation_batches=3)
+    before = trainable(trainer)
+    trainer.train()
+    assert logged(trainer, "dynamic_sampling/exhausted") == [1.0, 1.0, 1.0]
+    assert logged(trainer, "dynamic_sampling/rounds") == [3, 3, 3]
+    after = trainable(trainer)
+    assert all(torch.equal(before[n], after[n]) for n in before), "zero-advantage fill must not move the policy"
+
+
+def test_exhausted_budget_can_stop_the_run(tiny, tmp_path):
+    trainer = make_trainer(
+        tiny,
+        tmp_path,
+        reward=reward_scripts.always_zero,
+        dynamic_sampling=True,
+        max_generation_batches=2,
+        dynamic_sampling_exhausted="error",
+    )
+    with pytest.raises(RuntimeError, match="max_generation_batches=2"):
+        trainer.train()
+
+
+def test_dynamic_sampling_can_filter_on_one_reward_function(tiny, tmp_path):
+    # the total reward always varies (half_varying), but the filter looks at always_zero only: everything dropped
+    trainer = make_trainer(
+        tiny,
+        tmp_path,
+        reward=[reward_scripts.half_varying, reward_scripts.always_zero],
+        dynamic_sampling=True,
+        dynamic_sampling_metric="always_zero",
+        max_generation_batches=2,
+        max_steps=1,
+    )
+    trainer.train()
+    assert logged(trainer, "dynamic_sampling/kept_fraction") == [0.0]
+
+
+def test_rloo_advantages_are_leave_one_out(tiny, tmp_path):
+    trainer = make_trainer(
+        tiny,
+        tmp_path,
+        reward=reward_scripts.half_varying,
+        advantage_estimator="rloo",
+        scale_rewards="none",
+        max_steps=1,
+    )
+    outputs = []
+    original = trainer._score
+    trainer._score = lambda inputs, mode: outputs.append(original(inputs, mode)) or outputs[-1]
+    trainer.train()
+    grouped = outputs[0]["advantages"].view(-1, 4)
+    for row in grouped:  # rewards 0, 1, 0, 1 -> baselines 2/3, 1/3, 2/3, 1/3
+        assert row.tolist() in (pytest.approx([-2 / 3, 2 / 3, -2 / 3, 2 / 3]), pytest.approx([0.0] * 4))
+
+
+def test_dr_grpo_estimator_disables_std_scaling(tmp_path):
+    assert HfGRPOConfig(output_dir=str(tmp_path), advantage_estimator="dr_grpo", bf16=False).scale_rewards == "none"
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_resume_continues_exactly(tiny, tmp_path):
+    common = dict(
+        reward=reward_scripts.half_varying, dynamic_sampling=True, max_steps=6, save_strategy="steps", save_steps=1
+    )
+    straight = make_trainer(tiny, tmp_path / "straight", **common)
+    straight.train()
+    # stop where the checkpoint holds carried-over groups, so that restoring them matters
+    carry = logged(straight, "dynamic_sampling/carry_out")
+    stop = next(step for step, c in enumerate(carry[:-1], start=1) if c > 0)
+
+    first = make_trainer(tiny, tmp_path / "resumed", **common)
+    first.add_callback(StopAt(stop))
+    first.train()
+    assert first.state.global_step == stop and len(first._pool) > 0
+
+    second = make_trainer(tiny, tmp_path / "resumed", **common)
+    second.train(resume_from_checkpoint=str(tmp_path / "resumed" / f"checkpoint-{stop}"))
+    assert second.state.global_step == 6
+    resumed = next(r for r in second.state.log_history if r.get("step") == stop + 1 and "reward" in r)
+    assert resumed["dynamic_sampling/carried_in"] == carry[stop - 1]  # the carried groups came back
+    a, b = trainable(straight), trainable(second)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert straight._stream.state() == second._stream.state()
