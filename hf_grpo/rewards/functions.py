@@ -5,6 +5,10 @@ the dataset columns as keyword arguments, and returns one float per completion (
 TRL skips). Recipes name them in ``reward_funcs`` and scale them with ``reward_weights``; seed 000's shaped reward
 is ``[gsm8k_correctness, hash_format, length]`` with weights ``[1.0, 0.1, 0.05]``.
 
+The correctness rewards are ``grade_completion`` per completion plus ``log_grades`` for the batch;
+``GRADED_REWARDS`` maps each of them to its task, so ``hf_grpo.rewards.isolation`` can grade in worker processes and
+still report the same ``accuracy`` / ``grade/*`` metrics.
+
     >>> hash_format(["7 + 1 = 8\\n#### 8", "8"])
     [1.0, 0.0]
 """
@@ -38,8 +42,23 @@ def log_grades(grades: list[str], log_metric: Callable[[str, float], None] | Non
         log_metric(f"grade/{name}", grades.count(name) / n)
 
 
-def _correctness(task: str, texts: list[str], solution: list[str], log_metric) -> list[float]:
-    grades = [grade(text, gold, task) for text, gold in zip(texts, solution, strict=True)]
+def grade_completion(task: str, completion, gold: str) -> str:
+    """The grade of one completion for a correctness reward; ``task`` is ``"gsm8k"``, ``"math"`` or ``"r1_zero"``.
+
+    ``"r1_zero"`` grades the ``<answer>`` content as MATH; a completion that breaks the format is unparseable.
+
+    >>> grade_completion("r1_zero", "<think>1+1</think> <answer>2</answer>", "\\\\boxed{2}")
+    'correct'
+    """
+    text = completion_text(completion)
+    if task == "r1_zero":
+        answer = r1_zero_answer(text)
+        return "unparseable" if answer is None else grade(f"\\boxed{{{answer}}}", gold, "math")
+    return grade(text, gold, task)
+
+
+def _correctness(task: str, completions, solution: list[str], log_metric) -> list[float]:
+    grades = [grade_completion(task, c, gold) for c, gold in zip(completions, solution, strict=True)]
     log_grades(grades, log_metric)
     return [1.0 if g == "correct" else 0.0 for g in grades]
 
@@ -50,7 +69,7 @@ def gsm8k_correctness(completions, solution, log_metric=None, **kwargs) -> list[
     >>> gsm8k_correctness(["3 + 4 = 7\\n#### 7", "#### 8"], solution=["#### 7", "#### 7"])
     [1.0, 0.0]
     """
-    return _correctness("gsm8k", _texts(completions), solution, log_metric)
+    return _correctness("gsm8k", completions, solution, log_metric)
 
 
 def math_correctness(completions, solution, log_metric=None, **kwargs) -> list[float]:
@@ -59,20 +78,33 @@ def math_correctness(completions, solution, log_metric=None, **kwargs) -> list[f
     >>> math_correctness(["so $\\\\boxed{\\\\frac{1}{2}}$"], solution=["\\\\boxed{0.5}"])
     [1.0]
     """
-    return _correctness("math", _texts(completions), solution, log_metric)
+    return _correctness("math", completions, solution, log_metric)
 
 
-_R1_ZERO_RE = re.compile(r"^\s*<think>.*?</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
+_ANSWER_OPEN_RE = re.compile(r"\s*+<answer>")
 
 
 def r1_zero_answer(text: str) -> str | None:
     """The ``<answer>`` content of an r1_zero completion, or None when the format is not respected.
 
+    The format is ``<think> ... </think> <answer> ... </answer>`` and nothing else around it (whitespace aside);
+    string searches, not a backtracking regex, so a long completion costs linear time.
+
     >>> r1_zero_answer("<think>2+2</think> <answer>4</answer>")
     '4'
+    >>> r1_zero_answer("<think>a</think> b <answer>4</answer>") is None
+    True
     """
-    match = _R1_ZERO_RE.match(text)
-    return match.group(1).strip() if match else None
+    text = text.strip()
+    if not text.startswith("<think>") or not text.endswith("</answer>"):
+        return None
+    end = text.find("</think>")
+    while end != -1:  # the thinking ends at the first </think> that is followed by the answer block
+        opening = _ANSWER_OPEN_RE.match(text, end + len("</think>"))
+        if opening:
+            return text[opening.end() : -len("</answer>")].strip()
+        end = text.find("</think>", end + 1)
+    return None
 
 
 def r1_zero_format(completions, **kwargs) -> list[float]:
@@ -90,12 +122,7 @@ def r1_zero_correctness(completions, solution, log_metric=None, **kwargs) -> lis
     >>> r1_zero_correctness(["<think>1+1</think> <answer>2</answer>", "2"], solution=["\\\\boxed{2}"] * 2)
     [1.0, 0.0]
     """
-    grades = []
-    for text, gold in zip(_texts(completions), solution, strict=True):
-        answer = r1_zero_answer(text)
-        grades.append("unparseable" if answer is None else grade(f"\\boxed{{{answer}}}", gold, "math"))
-    log_grades(grades, log_metric)
-    return [1.0 if g == "correct" else 0.0 for g in grades]
+    return _correctness("r1_zero", completions, solution, log_metric)
 
 
 _THINK_RE = re.compile(r"^\s*<think>(?!.*<think>).*?</think>.*$", re.DOTALL)
@@ -110,7 +137,7 @@ def think_format(completions, **kwargs) -> list[float]:
     return [1.0 if _THINK_RE.match(t) else 0.0 for t in _texts(completions)]
 
 
-_HASH_ANSWER_RE = re.compile(r"####\s*[-\u2212]?\s*(?:\\?\$)?\s*\d")
+_HASH_ANSWER_RE = re.compile(r"####\s*+[-\u2212]?\s*+(?:\\?\$)?\s*+\d")  # possessive: no backtracking
 
 
 def hash_format(completions, **kwargs) -> list[float]:
@@ -138,6 +165,13 @@ def soft_overlong(completion_ids, max_completion_len: int, cache: int, **kwargs)
     start = max_completion_len - cache
     return [max(-1.0, min(0.0, (start - len(ids)) / cache)) for ids in completion_ids]
 
+
+# The correctness rewards and their grading task (``grade_completion``): they report accuracy and grade fractions.
+GRADED_REWARDS: dict[Callable, str] = {
+    gsm8k_correctness: "gsm8k",
+    math_correctness: "math",
+    r1_zero_correctness: "r1_zero",
+}
 
 REWARD_FUNCS: dict[str, Callable] = {
     "gsm8k_correctness": gsm8k_correctness,

@@ -1,0 +1,76 @@
+"""User-style reward functions for ``tests/test_reward_isolation.py``: importable by name, as worker processes need.
+
+``sleeps_forever`` hangs on completions containing "hang" (and scores the others), ``boom`` raises on completions
+containing "boom", ``dies`` kills its own process on "die", ``worker_pid`` returns the pid of the process that ran it
+(to see workers being reused), ``scaled_length`` takes a keyword argument the way ``reward_kwargs`` binds one,
+``echo_kwargs`` checks the shape of an isolated call, ``closure_reward`` is a nested function and ``async_reward``
+an async one (neither is isolated).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _text(completion) -> str:
+    return completion if isinstance(completion, str) else "".join(m["content"] for m in completion)
+
+
+def sleeps_forever(completions, **kwargs) -> list[float]:
+    """1.0 per completion, except that a completion containing "hang" never returns."""
+    for completion in completions:
+        if "hang" in _text(completion):
+            while True:
+                time.sleep(3600)
+    return [1.0] * len(completions)
+
+
+def boom(completions, **kwargs) -> list[float]:
+    """Raises ValueError on a completion containing "boom"; 0.5 otherwise."""
+    for completion in completions:
+        if "boom" in _text(completion):
+            raise ValueError("kaboom: this reward cannot score that")
+    return [0.5] * len(completions)
+
+
+def dies(completions, **kwargs) -> list[float]:
+    """Ends its process abruptly (like a segfault or the OOM killer) on a completion containing "die"; else 1.0."""
+    for completion in completions:
+        if "die" in _text(completion):
+            os._exit(3)
+    return [1.0] * len(completions)
+
+
+def worker_pid(completions, **kwargs) -> list[float]:
+    """The pid of the process that scored each completion."""
+    return [float(os.getpid())] * len(completions)
+
+
+def scaled_length(completions, scale: float = 1.0, **kwargs) -> list[float]:
+    """``scale * len(completion)``."""
+    return [scale * len(_text(c)) for c in completions]
+
+
+def echo_kwargs(completions, prompts=None, completion_ids=None, **kwargs) -> list[float]:
+    """Checks the single-completion call shape: one prompt, one id list, one value per column, no trainer objects."""
+    assert len(completions) == 1 and len(prompts) == 1 and len(completion_ids) == 1, (completions, prompts)
+    assert not {"trainer_state", "log_extra", "log_metric", "environments"} & set(kwargs), sorted(kwargs)
+    assert all(isinstance(v, list) and len(v) == 1 for v in kwargs.values()), kwargs
+    return [float(len(completion_ids[0]) + len(kwargs["solution"][0]))]
+
+
+def _make_closure():
+    def closure_reward(completions, **kwargs) -> list[float]:
+        return [0.0] * len(completions)
+
+    return closure_reward
+
+
+# A module attribute, but a nested function all the same: pickle cannot find it by name, so it cannot be isolated.
+closure_reward = _make_closure()
+
+
+async def async_reward(completions, **kwargs) -> list[float]:
+    """An async reward (TRL awaits these itself; they are not isolated)."""
+    return [1.0] * len(completions)

@@ -1,0 +1,384 @@
+"""Fault-isolated rewards (``hf_grpo.rewards.isolation``): hard timeouts, errors reported by name, warm workers.
+
+Each test gets its own small pool (2 workers; the fork server stays up across tests, so a pool starts in well under
+a second). Timeouts are short (``TIMEOUT``) and every hanging call must return within ``TIMEOUT + 2`` seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import psutil
+import pytest
+
+from hf_grpo.rewards import RewardArguments, RewardLoadError, load_reward_funcs
+from hf_grpo.rewards.functions import (
+    gsm8k_correctness,
+    hash_format,
+    length,
+    math_correctness,
+    r1_zero_correctness,
+    r1_zero_format,
+)
+from hf_grpo.rewards.isolation import (
+    IsolatedCorrectness,
+    IsolatedReward,
+    RewardIsolationError,
+    RewardPool,
+    isolate,
+)
+from tests import reward_plugins
+
+
+pytestmark = pytest.mark.timeout(120)
+
+TIMEOUT = 2.0
+SLACK = 2.0
+LOGGER = "hf_grpo.rewards.isolation"
+
+# huggingface/Math-Verify#65: SymPy tries to evaluate 5^(5^(5^3125)); no signal can interrupt it.
+PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
+
+
+@pytest.fixture
+def pool():
+    with RewardPool(num_workers=2) as p:
+        yield p
+
+
+class Metrics:
+    """Stands in for TRL's ``log_metric``."""
+
+    def __init__(self):
+        self.values: dict[str, list[float]] = {}
+
+    def __call__(self, name: str, value: float) -> None:
+        self.values.setdefault(name, []).append(value)
+
+
+def timed(fn, *args, **kwargs):
+    start = time.monotonic()
+    out = fn(*args, **kwargs)
+    return out, time.monotonic() - start
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (a) the Math-Verify#65 input
+
+
+def test_pathological_math_completion_times_out_alone(pool):
+    reward = isolate(math_correctness, pool, timeout=TIMEOUT)
+    assert isinstance(reward, IsolatedCorrectness)
+    completions = [
+        r"$1 + 0 = 1$, so the answer is $\boxed{1}$.",
+        PATHOLOGICAL,
+        r"The answer is $\boxed{2}$.",
+        "I do not know.",
+        r"So we get $\boxed{\frac{2}{2}}$.",
+    ]
+    metrics = Metrics()
+    rewards, elapsed = timed(reward, completions=completions, solution=[r"\boxed{1}"] * 5, log_metric=metrics)
+
+    assert elapsed < TIMEOUT + SLACK
+    assert rewards == [1.0, None, 0.0, 0.0, 1.0]
+    assert pool.counters["math_correctness"] == {"timeouts": 1, "errors": 0}
+    assert metrics.values["rewards/math_correctness/timeouts"] == [1.0]
+    assert metrics.values["rewards/math_correctness/errors"] == [0.0]
+    # the timed-out completion is left out of the grade fractions: 2 correct, 1 wrong, 1 unparseable of 4 graded
+    assert metrics.values["accuracy"] == [0.5]
+    assert metrics.values["grade/wrong"] == [0.25]
+    assert metrics.values["grade/unparseable"] == [0.25]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (b) a user reward that never returns
+
+
+def test_hanging_user_reward_is_killed_and_replaced(pool, caplog):
+    reward = isolate(reward_plugins.sleeps_forever, pool, timeout=TIMEOUT)
+    pids = pool.worker_pids
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        rewards, elapsed = timed(reward, completions=["a", "b", "hang here", "c", "d"])
+    assert elapsed < TIMEOUT + SLACK
+    assert rewards == [1.0, 1.0, None, 1.0, 1.0]
+    assert pool.counters["sleeps_forever"] == {"timeouts": 1, "errors": 0}
+    assert pool.started_workers == 3  # one replacement
+    assert len(set(pool.worker_pids) - set(pids)) == 1
+    assert any("'sleeps_forever' timed out" in r.getMessage() for r in caplog.records)
+
+    # the pool keeps working at full strength, and a second hang costs one more timeout, not a stall
+    rewards, elapsed = timed(reward, completions=["e", "f"])
+    assert rewards == [1.0, 1.0] and elapsed < 1.0
+    rewards, elapsed = timed(reward, completions=["hang", "hang again", "g"])
+    assert rewards == [None, None, 1.0]
+    assert elapsed < 2 * TIMEOUT + SLACK  # two workers: both hangs run side by side
+    assert pool.counters["sleeps_forever"]["timeouts"] == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (c) a user reward that raises
+
+
+def test_raising_user_reward_is_reported_by_name_and_counted(pool, caplog):
+    reward = isolate(reward_plugins.boom, pool, timeout=TIMEOUT)
+    metrics = Metrics()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        rewards = reward(completions=["ok", "boom", "fine", "boom again"], log_metric=metrics)
+    assert rewards == [0.5, None, 0.5, None]
+    assert pool.counters["boom"] == {"timeouts": 0, "errors": 2}
+    assert metrics.values["rewards/boom/errors"] == [2.0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # once per distinct error
+    assert "'boom'" in warnings[0] and "ValueError: kaboom" in warnings[0]
+    assert "reward_plugins.py" in warnings[0]  # with the worker's traceback
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert reward(completions=["boom"]) == [None]
+    assert not caplog.records  # the same error is only counted
+    assert pool.counters["boom"]["errors"] == 3
+
+
+def test_worker_that_dies_costs_one_item(pool):
+    reward = isolate(reward_plugins.dies, pool, timeout=TIMEOUT)
+    rewards, elapsed = timed(reward, completions=["a", "die", "b", "c"])
+    assert rewards == [1.0, None, 1.0, 1.0]
+    assert elapsed < TIMEOUT
+    assert pool.counters["dies"] == {"timeouts": 0, "errors": 1}
+    assert reward(completions=["d"]) == [1.0]
+
+
+def test_wrong_return_shape_is_an_error(pool):
+    reward = isolate(reward_plugins.scaled_length, pool, timeout=TIMEOUT)
+    assert reward(completions=["abc"]) == [3.0]
+    bad = isolate(functools.partial(reward_plugins.scaled_length, scale="x"), pool, name="bad", timeout=TIMEOUT)
+    assert bad(completions=["abc"]) == [None]  # "xxx...": not a number
+    assert pool.counters["bad"]["errors"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (d) same results, same order, same metrics as in-process
+
+GSM8K = [
+    ("Natalia sold 48 / 2 = 24 clips in May.\nAltogether 48 + 24 = 72.\n#### 72", "#### 72"),
+    ("She sold 48 + 24 = 70 clips.\n#### 70", "#### 72"),
+    ("The answer is $1,234.00.", "#### 1234"),
+    ("I am not sure.", "#### 18"),
+    ("5 + 3 = 8, so she has \\boxed{8} apples.", "#### 8"),
+    ("So the total is 3/4 of a cup.", "#### 0.75"),
+]
+MATH = [
+    (r"So $x = \boxed{\frac{1}{2}}$.", r"\boxed{0.5}"),
+    (r"Hence the answer is $\boxed{\sqrt{2}}$.", r"\boxed{\sqrt 2}"),
+    (r"We get $\boxed{3}$.", r"\boxed{4}"),
+    ("No boxed answer here.", r"\boxed{7}"),
+    (r"The roots are $\boxed{-2}$ and $\boxed{3}$.", r"\boxed{-2, 3}"),
+    (r"$\boxed{\pi}$", r"\boxed{\pi}"),
+]
+R1 = [
+    ("<think>1+1</think> <answer>2</answer>", r"\boxed{2}"),
+    ("<think>1+1</think> <answer>3</answer>", r"\boxed{2}"),
+    ("2", r"\boxed{2}"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "cases"),
+    [(gsm8k_correctness, GSM8K), (math_correctness, MATH), (r1_zero_correctness, R1)],
+    ids=["gsm8k", "math", "r1_zero"],
+)
+def test_isolated_correctness_matches_in_process(pool, fn, cases):
+    cases = cases * 7  # several chunks on each worker
+    completions = [c for c, _ in cases]
+    solution = [s for _, s in cases]
+    expected_metrics, metrics = Metrics(), Metrics()
+    expected = fn(completions=completions, solution=solution, log_metric=expected_metrics)
+    isolated = isolate(fn, pool, timeout=TIMEOUT)
+    got = isolated(completions=completions, solution=solution, log_metric=metrics)
+    assert got == expected
+    for name in ("accuracy", "grade/wrong", "grade/unparseable"):
+        assert metrics.values[name] == pytest.approx(expected_metrics.values[name])
+
+
+def test_isolated_rewards_match_in_process_conversational(pool):
+    completions = [[{"role": "assistant", "content": c}] for c, _ in GSM8K + MATH + R1] * 3
+    for fn in (hash_format, length, r1_zero_format):
+        assert isolate(fn, pool, timeout=TIMEOUT)(completions=completions) == fn(completions)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (e) warm workers
+
+
+def test_workers_are_reused_across_calls(pool):
+    reward = isolate(reward_plugins.worker_pid, pool, timeout=TIMEOUT)
+    pids = set(pool.worker_pids)
+    used = set()
+    for _ in range(5):
+        used |= {int(r) for r in reward(completions=["x"] * 40)}
+    assert used <= pids
+    assert set(pool.worker_pids) == pids
+    assert pool.started_workers == pool.num_workers == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (f) nothing left behind
+
+
+def _descendants() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def _is_multiprocessing_helper(p: psutil.Process) -> bool:
+    """The fork server and the resource tracker: one each per interpreter, shared by every pool, idle."""
+    try:
+        cmdline = " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return True
+    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+
+
+def _is_zombie(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_close_leaves_no_processes():
+    before = {p.pid for p in _descendants()}  # e.g. servers started by other tests' fixtures
+    pool = RewardPool(num_workers=2)
+    reward = isolate(reward_plugins.sleeps_forever, pool, timeout=TIMEOUT)
+    reward(completions=["a", "hang"])  # one killed and replaced worker on top of the two
+    pids = pool.worker_pids
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    pool.close()
+    pool.close()  # twice is fine
+    for pid in pids:
+        assert not psutil.pid_exists(pid), f"worker {pid} still exists (a zombie?)"
+    left = [p for p in _descendants() if p.pid not in before and not _is_multiprocessing_helper(p)]
+    assert left == []
+    assert not [p for p in _descendants() if p.pid not in before and _is_zombie(p)]
+    with pytest.raises(RuntimeError, match="closed"):
+        reward(completions=["a"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL's call shape, loading from recipes
+
+
+def test_trl_shaped_call(pool):
+    reward = isolate(reward_plugins.echo_kwargs, pool, timeout=TIMEOUT)
+    metrics, extra = Metrics(), {}
+    rewards = reward(
+        prompts=["p1", "p2"],
+        completions=["c1", "c2"],
+        completion_ids=[[1, 2, 3], [4]],
+        solution=["#### 12", "#### 3"],
+        trainer_state=object(),
+        log_extra=lambda column, values: extra.setdefault(column, values),  # a lambda: proves it is not sent
+        log_metric=metrics,
+    )
+    assert rewards == [3.0 + 7, 1.0 + 6]
+    assert metrics.values == {"rewards/echo_kwargs/timeouts": [0.0], "rewards/echo_kwargs/errors": [0.0]}
+
+
+def test_correctness_trl_shaped_call(pool):
+    reward = isolate(gsm8k_correctness, pool, name="gsm8k_correctness", timeout=TIMEOUT)
+    metrics = Metrics()
+    out = reward(
+        prompts=["q1", "q2"],
+        completions=["#### 7", "#### 8"],
+        completion_ids=[[1], [2]],
+        solution=["#### 7", "#### 7"],
+        trainer_state=object(),
+        log_extra=lambda column, values: None,
+        log_metric=metrics,
+    )
+    assert out == [1.0, 0.0]
+    assert metrics.values["accuracy"] == [0.5]
+
+
+def test_load_reward_funcs_isolated():
+    funcs = load_reward_funcs(
+        RewardArguments(
+            reward_funcs=["gsm8k_correctness", "length", "tests.reward_plugins:scaled_length"],
+            reward_kwargs={"tests.reward_plugins:scaled_length": {"scale": 2.0}},
+            reward_workers=1,
+            reward_timeout=3.0,
+        )
+    )
+    try:
+        assert [f.__name__ for f in funcs] == ["gsm8k_correctness", "length", "scaled_length"]
+        assert isinstance(funcs[0], IsolatedCorrectness) and isinstance(funcs[2], IsolatedReward)
+        assert funcs[0].pool is funcs[2].pool and funcs[0].pool.num_workers == 1 and funcs[0].timeout == 3.0
+        assert funcs[0](completions=["#### 7"], solution=["#### 7"]) == [1.0]
+        assert funcs[1](completions=["x" * 60]) == [1.0]
+        assert funcs[2](completions=["abc"]) == [6.0]
+    finally:
+        funcs[0].pool.close()
+
+
+def test_load_reward_funcs_in_process():
+    funcs = load_reward_funcs(
+        RewardArguments(
+            reward_funcs=["gsm8k_correctness", "tests.reward_plugins:scaled_length"],
+            reward_kwargs={"tests.reward_plugins:scaled_length": {"scale": 2.0}},
+            reward_isolation=False,
+        )
+    )
+    assert funcs[0] is gsm8k_correctness
+    assert funcs[1].__name__ == "scaled_length" and funcs[1](completions=["abc"]) == [6.0]
+
+
+def test_unisolatable_reward_is_refused_at_load_time(pool):
+    def closure(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardIsolationError, match="'closure' cannot be sent to a worker process"):
+        isolate(closure, pool)
+    with pytest.raises(RewardIsolationError, match="lambda"):
+        isolate(lambda completions, **kwargs: [0.0], pool, name="inline")
+    with pytest.raises(RewardLoadError, match="reward_funcs: reward 'closure_reward' cannot be sent"):
+        load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:closure_reward"]))
+
+
+def test_load_errors_still_name_the_reward():
+    with pytest.raises(RewardLoadError, match="unknown reward 'gsm8k_corectness'"):
+        load_reward_funcs(RewardArguments(reward_funcs=["gsm8k_corectness"]))
+    with pytest.raises(RewardLoadError, match="cannot import module 'no_such_module_xyz'"):
+        load_reward_funcs(RewardArguments(reward_funcs=["no_such_module_xyz:fn"]))
+    with pytest.raises(ValueError, match="reward_timeout"):
+        RewardArguments(reward_timeout=0)
+    with pytest.raises(ValueError, match="reward_workers"):
+        RewardArguments(reward_workers=0)
+
+
+def test_default_workers_share_the_cores(monkeypatch):
+    from hf_grpo.rewards.isolation import default_num_workers
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_num_workers() == cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 4))
+    assert default_num_workers() == 1
+
+
+def test_async_rewards_stay_in_process(pool):
+    with pytest.raises(RewardIsolationError, match="async"):
+        isolate(reward_plugins.async_reward, pool)
+    funcs = load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:async_reward"]))
+    assert funcs[0] is reward_plugins.async_reward
+
+
+def test_spawn_start_method():
+    with RewardPool(num_workers=1, start_method="spawn") as p:
+        reward = isolate(reward_plugins.sleeps_forever, p, timeout=TIMEOUT)
+        rewards, elapsed = timed(reward, completions=["hang", "a"])
+        assert rewards == [None, 1.0] and elapsed < 30  # a fresh interpreter (with its imports) per start
+        assert p.started_workers == 2
+    with pytest.raises(ValueError, match="forkserver"):
+        RewardPool(num_workers=1, start_method="fork")
