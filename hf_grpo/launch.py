@@ -118,10 +118,103 @@ def accelerate_command(layout: Layout, recipe_args: list[str]) -> list[str]:
     """The ``accelerate launch`` command that runs this recipe with its layout."""
     cmd = ["accelerate", "launch"]
     if layout.accelerate_config is not None:
-        cmd += ["--config_file", str(layout.accelerate_config)]
+        path = Path(layout.accelerate_config).resolve()
+        shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+        cmd += ["--config_file", shown]
     cmd += ["--num_processes", str(layout.num_processes), "--num_machines", str(layout.num_machines)]
     return cmd + ["-m", "hf_grpo.train", *recipe_args]
 
 
 def format_command(cmd: list[str]) -> str:
     return " ".join(shlex.quote(part) for part in cmd)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The launcher: `python -m hf_grpo.train RECIPE` starts the vLLM server (if the recipe asks for one) and accelerate.
+
+LAUNCHED_ENV = "HF_GRPO_LAUNCHED"
+
+
+@dataclass
+class Command:
+    role: str  # "server" or "train"
+    env: dict[str, str]
+    argv: list[str]
+
+    def __str__(self) -> str:
+        from .generation.layout import format_env_command
+
+        return format_env_command(self.env, self.argv)
+
+
+def inside_launch() -> bool:
+    """True in a process started by accelerate/torchrun (or by this launcher)."""
+    return any(name in os.environ for name in ("LOCAL_RANK", "ACCELERATE_USE_CPU", LAUNCHED_ENV))
+
+
+def plan_commands(recipe, argv: list[str]) -> list[Command]:
+    """The processes a recipe runs: the vLLM server (when it starts one) and the training launch."""
+    from .generation.layout import server_command, training_gpus
+
+    gen, model, commands, train_env = recipe.generation, recipe.model, [], {}
+    train_argv = list(argv)
+    if gen.starts_server():
+        sync = gen.sync_mode(model.use_peft)
+        cmd, env = server_command(
+            gen,
+            model.model_name_or_path,
+            sync,
+            model.lora_r,
+            model.dtype,
+            gen.seed if gen.seed is not None else recipe.training.seed,
+        )
+        commands.append(Command("server", env, cmd))
+        train_argv += ["--generation.base_url", gen.url]
+        train_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, training_gpus(gen, recipe.layout.num_processes)))
+    commands.append(Command("train", train_env, accelerate_command(recipe.layout, train_argv)))
+    return commands
+
+
+def needs_launcher(recipe) -> bool:
+    """Whether ``python -m hf_grpo.train`` must start processes itself instead of training in this process."""
+    return not inside_launch() and (recipe.generation.starts_server() or recipe.layout.num_processes > 1)
+
+
+def run_launcher(recipe, argv: list[str]) -> int:
+    """Start the server (if any), wait for it, run the training launch, and stop the server whatever happens."""
+    import signal
+    import subprocess
+
+    from .generation.server import VLLMServerProcess
+
+    commands = plan_commands(recipe, argv)
+    server, child = None, None
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        for command in commands:
+            if command.role == "server":
+                log = Path(recipe.training.output_dir) / "vllm_server.log"
+                server = VLLMServerProcess(
+                    command.argv, command.env, recipe.generation.url, log, recipe.generation.server_timeout
+                )
+                server.__enter__()
+            else:
+                child = subprocess.Popen(command.argv, env={**os.environ, **command.env, LAUNCHED_ENV: "1"})
+                return child.wait()
+        return 0
+    except KeyboardInterrupt:
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+        signal.signal(signal.SIGTERM, previous)

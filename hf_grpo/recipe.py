@@ -32,6 +32,7 @@ import yaml
 
 from .config import HfGRPOConfig, ModelArguments
 from .data.loaders import DataArguments, is_local_file
+from .generation.layout import GenerationArguments, check_generation, trl_fields
 from .launch import LaunchArguments, Layout, resolve_layout, shipped_dir
 from .rewards import RewardArguments, RewardLoadError, resolve_reward
 
@@ -43,6 +44,7 @@ SECTIONS = {
     "launch": LaunchArguments,
     "training": HfGRPOConfig,
 }
+NESTED = {"generation": GenerationArguments}  # sections written as a YAML mapping (``generation: {backend: ...}``)
 DEFAULT_RECIPE = "tiny.yaml"
 FLAGS = {"dry_run", "help"}
 
@@ -145,6 +147,7 @@ class Recipe:
     training: HfGRPOConfig
     layout: Layout
     plan: BatchPlan
+    generation: GenerationArguments = field(default_factory=GenerationArguments)
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -238,6 +241,20 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: st
     if choices is not None and coerced is not None and coerced not in choices:
         raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {coerced!r}")
     return coerced
+
+
+def nested_index(section: str) -> dict[str, tuple[dataclasses.Field, Any]]:
+    cls = NESTED[section]
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def check_nested(section: str, key: str, value: Any, where: str) -> Any:
+    known = nested_index(section)
+    if key not in known:
+        raise RecipeError(f"{where}: unknown key {section}.{key}{did_you_mean(key, known)}")
+    f, hint = known[key]
+    return check_value(f"{section}.{key}", value, hint, f, where)
 
 
 def did_you_mean(key: str, known) -> str:
@@ -416,7 +433,7 @@ def _gcd(a: int, b: int) -> int:
 
 def _section_values(values: dict, section: str) -> dict:
     index = field_index()
-    return {k: v for k, v in values.items() if index[k][0] == section}
+    return {k: v for k, v in values.items() if k in index and index[k][0] == section}
 
 
 def _build(section: str, values: dict, where: str):
@@ -454,12 +471,26 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     index = field_index()
 
     values: dict[str, Any] = {}
+    nested: dict[str, dict] = {section: {} for section in NESTED}
     for key, value in data.items():
+        if key in NESTED:
+            if not isinstance(value, dict):
+                raise RecipeError(f"{where}: {key} must be a mapping of key: value")
+            nested[key] = {k: check_nested(key, k, v, where) for k, v in value.items()}
+            continue
         if key not in index:
             raise RecipeError(f"{where}: unknown key {key!r}{did_you_mean(key, index)}")
         _, f, hint = index[key]
         values[key] = check_value(key, value, hint, f, where)
     for key, raw in raw_overrides.items():
+        section, dot, sub = key.partition(".")
+        if dot and section in NESTED:
+            parsed = _parse_override(raw)
+            f, hint = nested_index(section).get(sub, (None, None))
+            if hint is not None and not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
+                parsed = raw
+            nested[section][sub] = check_nested(section, sub, parsed, f"command line --{key}")
+            continue
         if key not in index:
             raise RecipeError(f"command line: unknown option --{key}{did_you_mean(key, index)}")
         _, f, hint = index[key]
@@ -492,12 +523,22 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             f"{len(rewards.reward_funcs)}; give one weight per reward"
         )
 
+    generation = GenerationArguments(**nested["generation"])
+    problems = check_generation(generation, model.use_peft, model.lora_r, set(values))
+    if problems:
+        raise RecipeError(f"{where}: " + "; ".join(problems))
+
     training_values = _section_values(values, "training") if for_run else _validation_training_values(values, plan)
+    generated = trl_fields(generation, model.use_peft)
+    training_values.update(generated if for_run else {k: v for k, v in generated.items() if k != "use_vllm"})
     try:
         training = HfGRPOConfig(**training_values)
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{where}: {exc}") from None
-    return Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, env), flags
+    if nested["generation"]:
+        values["generation"] = nested["generation"]
+    recipe = Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, generation, env)
+    return recipe, flags
 
 
 def apply_env(recipe: Recipe) -> None:
@@ -505,13 +546,31 @@ def apply_env(recipe: Recipe) -> None:
         os.environ[key] = value
 
 
+def _generation_lines(recipe: Recipe) -> list[str]:
+    gen = recipe.generation
+    if gen.backend is None:
+        trl = recipe.training
+        engine = f"TRL vLLM ({trl.vllm_mode})" if trl.use_vllm else "transformers, in the training processes"
+        return [f"generation: {engine}"]
+    if gen.backend != "vllm_server":
+        return [f"generation: {gen.backend}"]
+    from .generation.layout import training_gpus
+
+    where = f"started on GPUs {gen.server_gpus()}" if gen.starts_server() else "already running"
+    lines = [f"generation: vLLM server at {gen.url} ({where}), weight sync: {gen.sync_mode(recipe.model.use_peft)}"]
+    if gen.starts_server():
+        lines.append(f"training GPUs: {training_gpus(gen, recipe.layout.num_processes)}")
+    return lines
+
+
 def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
     """What ``--dry-run`` prints: resolved recipe, layout, batch arithmetic and the commands a run would start."""
     out = [f"recipe: {recipe.path}", "", "resolved values (recipe and overrides; everything else is the default):"]
     by_section: dict[str, dict] = {}
+    index = field_index()
     for key, value in recipe.values.items():
-        by_section.setdefault(field_index()[key][0], {})[key] = value
-    for section in SECTIONS:
+        by_section.setdefault(index[key][0] if key in index else key, {})[key] = value
+    for section in [*SECTIONS, *NESTED]:
         if section in by_section:
             out.append(f"  {section}:")
             for key, value in sorted(by_section[section].items()):
@@ -532,6 +591,7 @@ def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
         f"rewards: {recipe.rewards.reward_funcs} weights {recipe.training.reward_weights or 'all 1.0'}",
         "",
         f"layout: {recipe.layout.describe()}",
+        *_generation_lines(recipe),
         "",
         f"batch arithmetic ({recipe.plan.num_processes} training processes):",
         recipe.plan.describe(),

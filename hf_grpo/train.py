@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from .launch import accelerate_command, format_command
+from .launch import inside_launch, needs_launcher, plan_commands, run_launcher
 from .recipe import SECTIONS, Recipe, RecipeError, apply_env, load_recipe, render_dry_run
 
 
@@ -99,7 +99,21 @@ def run(recipe: Recipe) -> dict:
     if evaluator is not None and args.eval_before_after:
         results["before"] = evaluator.run(model, tokenizer, label="before")
 
+    generator = None
+    gen = recipe.generation
+    if gen.backend == "vllm_server" and gen.sync_mode(recipe.model.use_peft) == "lora":
+        from .generation.server_generator import ServerGenerator
+
+        generator = ServerGenerator(
+            gen.url,
+            Path(args.output_dir) / "vllm_adapters",
+            gen.request_timeout,
+            gen.max_retries,
+            gen.server_timeout,
+            gen.seed,
+        )
     trainer = GRPOTrainer(
+        generator=generator,
         model=model,
         reward_funcs=load_reward_funcs(recipe.rewards),
         args=args,
@@ -154,9 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     passthrough = [a for a in argv if a not in ("--dry-run", "--dry_run")]
     if dry_run:
-        print(render_dry_run(recipe, [format_command(accelerate_command(recipe.layout, passthrough))]))  # noqa: T201
+        print(render_dry_run(recipe, [str(c) for c in plan_commands(recipe, passthrough)]))  # noqa: T201
         return 0
     apply_env(recipe)
+    if needs_launcher(recipe):
+        return run_launcher(recipe, passthrough)
+    if recipe.generation.starts_server() and inside_launch():
+        print(  # noqa: T201
+            "hf_grpo: error: this recipe starts a vLLM server (generation.backend: vllm_server), which needs the "
+            "launcher: run `python -m hf_grpo.train RECIPE` instead of `accelerate launch`, or start the server "
+            "yourself and set generation.base_url",
+            file=sys.stderr,
+        )
+        return 2
     run(recipe)
     return 0
 

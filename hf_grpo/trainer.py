@@ -5,6 +5,8 @@ Overridden TRL / transformers hooks (each pinned by a signature test in ``tests/
 
 - ``_calculate_rewards``: keep the gathered per-function rewards of the batch (and time the reward phase).
 - ``_generate``: time the generation phase.
+- ``_generate_single_turn``: with a ``generator`` (``hf_grpo.generation.ServerGenerator``), generate through a
+  vLLM server after syncing the LoRA adapter, instead of TRL's engines.
 - ``_generate_and_score_completions``: leave-one-out advantages, reward min/max and advantage metrics, and, in
   training with ``dynamic_sampling``, the filter / fill / carry-over loop (see ``_dynamic_batch``).
 - ``training_step``: per-phase seconds of each optimizer step.
@@ -91,8 +93,15 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "grpo", "hf_grpo"]
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, generator=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.generator = generator  # hf_grpo.generation.ServerGenerator: a vLLM server with adapter-only sync
+        if generator is not None:
+            if self.args.use_vllm:
+                raise ValueError("a generator replaces TRL's vLLM engine: set use_vllm: false")
+            # Our server's sampled log-probs feed TRL's vLLM importance-sampling correction, as TRL's would.
+            self.use_vllm, self.vllm_mode = True, "server"
+            generator.connect(self)
         if not isinstance(self.args, HfGRPOConfig):
             raise TypeError(f"hf_grpo.GRPOTrainer needs an HfGRPOConfig, got {type(self.args).__name__}")
         self._last_rewards_per_func: torch.Tensor | None = None
@@ -153,6 +162,16 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _generate(self, prompts):
         return self._timed("generate", super()._generate, prompts)
 
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self.generator is None:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
+            )
+        if images is not None:
+            raise NotImplementedError("generation through the vLLM server generator is text-only")
+        self._timed("weight_sync", self.generator.sync, self)
+        return self.generator.generate(self, prompt_ids, num_generations)
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = self._timed(
             "reward", super()._calculate_rewards, inputs, prompts, completions, completion_ids_list
@@ -168,7 +187,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             total = time.perf_counter() - self._step_started
             phases = self._phase_seconds
             other = phases.pop("prepare", 0.0)  # everything _prepare_inputs did besides generate/reward
-            for phase in ("generate", "reward", "weight_sync"):
+            self.record_metric("time/generate", phases.get("generate", 0.0) - phases.get("weight_sync", 0.0))
+            for phase in ("reward", "weight_sync"):
                 self.record_metric(f"time/{phase}", phases.get(phase, 0.0))
             self.record_metric("time/score", max(other - phases.get("generate", 0.0) - phases.get("reward", 0.0), 0))
             self.record_metric("time/train", max(total - other, 0.0))

@@ -25,3 +25,8 @@ def always_zero(prompts, completions, **kwargs) -> list[float]:
 
 def always_one(prompts, completions, **kwargs) -> list[float]:
     return [1.0] * len(prompts)
+
+
+def alternating(prompts, completions, **kwargs) -> list[float]:
+    """0, 1, 0, 1, ... in every group: every group has a learning signal, whatever the model writes."""
+    return [float(i % 2) for i in range(len(prompts))]

@@ -1,0 +1,1 @@
+"""Generation backends for the trainer; ``vllm_client`` talks to a ``vllm serve`` server over HTTP."""

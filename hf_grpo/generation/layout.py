@@ -1,0 +1,213 @@
+"""The recipe's ``generation:`` section: which engine generates, on which GPUs, and how weights reach it.
+
+    generation:
+      backend: vllm_server        # transformers | vllm_colocate | vllm_server
+      gpus: [0]                   # GPUs of the vLLM server; training gets the next num_processes GPUs
+      port: 8000
+      gpu_memory_utilization: 0.85
+      weight_sync: auto           # lora (adapter only, no vllm on the trainer) | full (TRL's NCCL transfer) | auto
+
+``backend`` left unset keeps the TRL fields of the recipe (``use_vllm``, ``vllm_mode``, ...) as written. Otherwise
+this module sets them (``trl_fields``) and builds the exact ``vllm serve`` and ``accelerate launch`` commands of the
+layout (``server_command``, ``training_env``). The server binds 127.0.0.1 unless ``host`` says otherwise.
+
+Weight sync: ``lora`` writes the LoRA adapter (safetensors) after each optimizer step and hot-loads it into the
+server under a new name (``/v1/load_lora_adapter``; a new name per step also keeps vLLM's prefix cache from serving
+blocks computed with old weights); generation goes through ``hf_grpo.generation.vllm_client`` and the trainer needs
+no vllm install. ``full`` uses TRL's server mode (NCCL weight transfer; vllm must be installed next to the trainer).
+``auto`` picks ``lora`` for a LoRA recipe and ``full`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+
+BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
+WEIGHT_SYNCS = ("auto", "lora", "full")
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts
+
+
+@dataclass
+class GenerationArguments:
+    """
+    The recipe's `generation:` section.
+
+    Args:
+        backend (`str`, *optional*):
+            `transformers` (generation in the training process), `vllm_colocate` (TRL's vLLM engine on the training
+            GPUs) or `vllm_server` (a `vllm serve` process on its own GPUs). Unset: the TRL fields as written.
+        base_url (`str`, *optional*):
+            URL of a vLLM server that is already running; then none is started.
+        gpus (`list[int]`, *optional*):
+            GPUs of the vLLM server (default: the first `tensor_parallel_size` GPUs).
+        host (`str`, defaults to `"127.0.0.1"`):
+            Address the server binds to. Keep loopback unless the trainer runs on another machine.
+        port (`int`, defaults to `8000`):
+            Server port.
+        gpu_memory_utilization (`float`, *optional*):
+            Fraction of GPU memory vLLM may use (default 0.9 for a dedicated server, 0.3 when colocated).
+        max_model_len (`int`, *optional*):
+            Longest prompt + completion the engine accepts (vLLM's default: the model's).
+        tensor_parallel_size (`int`, defaults to `1`):
+            GPUs one engine spans.
+        data_parallel_size (`int`, defaults to `1`):
+            Engines the server runs side by side (`vllm serve --data-parallel-size`); the server uses
+            `tensor_parallel_size x data_parallel_size` GPUs.
+        weight_sync (`str`, defaults to `"auto"`):
+            `lora` (adapter only), `full` (all weights, TRL's NCCL transfer) or `auto` (`lora` with LoRA).
+        server_timeout (`float`, defaults to `600.0`):
+            Seconds to wait for the server to become healthy before giving up.
+        request_timeout (`float`, defaults to `600.0`):
+            Seconds one generation request may take before it counts as failed.
+        max_retries (`int`, defaults to `3`):
+            Retries of a request on connection errors and HTTP 429/502/503/504.
+        serve_command (`list[str]`, defaults to `["vllm", "serve"]`):
+            Program that starts the server; the model and the flags are appended.
+        extra_args (`list[str]`, *optional*):
+            More `vllm serve` flags, appended as given.
+        seed (`int`, *optional*):
+            Sampling seed base for server requests (default: the training seed).
+    """
+
+    backend: str | None = field(
+        default=None, metadata={"help": "transformers, vllm_colocate or vllm_server.", "choices": BACKENDS}
+    )
+    base_url: str | None = field(default=None, metadata={"help": "A running vLLM server; none is started."})
+    gpus: list[int] | None = field(default=None, metadata={"help": "GPUs of the vLLM server."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address the server binds to."})
+    port: int = field(default=8000, metadata={"help": "Server port."})
+    gpu_memory_utilization: float | None = field(default=None, metadata={"help": "GPU memory fraction for vLLM."})
+    max_model_len: int | None = field(default=None, metadata={"help": "Longest prompt + completion."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs one engine spans."})
+    data_parallel_size: int = field(default=1, metadata={"help": "Engines side by side in the server."})
+    weight_sync: str = field(default="auto", metadata={"help": "lora, full or auto.", "choices": WEIGHT_SYNCS})
+    server_timeout: float = field(default=600.0, metadata={"help": "Seconds to wait for server health."})
+    request_timeout: float = field(default=600.0, metadata={"help": "Seconds per generation request."})
+    max_retries: int = field(default=3, metadata={"help": "Retries on transient request failures."})
+    serve_command: list[str] = field(
+        default_factory=lambda: ["vllm", "serve"], metadata={"help": "Program that starts the server."}
+    )
+    extra_args: list[str] | None = field(default=None, metadata={"help": "More `vllm serve` flags."})
+    seed: int | None = field(default=None, metadata={"help": "Sampling seed base for server requests."})
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return self.base_url or f"http://{host}:{self.port}"
+
+    def server_gpus(self) -> list[int]:
+        count = self.tensor_parallel_size * self.data_parallel_size
+        return list(self.gpus) if self.gpus is not None else list(range(count))
+
+    def sync_mode(self, use_peft: bool) -> str:
+        return ("lora" if use_peft else "full") if self.weight_sync == "auto" else self.weight_sync
+
+    def starts_server(self) -> bool:
+        return self.backend == "vllm_server" and self.base_url is None
+
+
+def trl_fields(gen: GenerationArguments, use_peft: bool) -> dict:
+    """The ``trl.GRPOConfig`` values a ``generation:`` section stands for (empty when ``backend`` is unset)."""
+    if gen.backend is None:
+        return {}
+    if gen.backend == "transformers":
+        return {"use_vllm": False}
+    memory = gen.gpu_memory_utilization
+    if gen.backend == "vllm_colocate":
+        out = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_tensor_parallel_size": gen.tensor_parallel_size,
+            "vllm_gpu_memory_utilization": 0.3 if memory is None else memory,
+        }
+        if gen.max_model_len is not None:
+            out["vllm_max_model_length"] = gen.max_model_len
+        return out
+    if gen.sync_mode(use_peft) == "lora":
+        return {"use_vllm": False}  # hf_grpo's own server generator (no vllm import on the trainer side)
+    return {
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "vllm_server_base_url": gen.url,
+        "vllm_server_timeout": gen.server_timeout,
+    }
+
+
+def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, explicit_trl: set[str]) -> list[str]:
+    """Problems with a ``generation:`` section, as messages naming the key and the fix."""
+    problems = []
+    if gen.backend is None:
+        return problems
+    clash = sorted(explicit_trl & {"use_vllm", "vllm_mode", "vllm_server_base_url"})
+    if clash:
+        problems.append(f"generation.backend decides {clash}; remove them from the recipe or unset generation.backend")
+    if gen.backend == "vllm_server":
+        if gen.sync_mode(use_peft) == "lora" and not use_peft:
+            problems.append("generation.weight_sync: lora needs use_peft: true (only an adapter can be synced)")
+        if gen.sync_mode(use_peft) == "lora" and lora_r > LORA_RANKS[-1]:
+            problems.append(f"lora_r {lora_r} is above vLLM's largest --max-lora-rank {LORA_RANKS[-1]}")
+        count = gen.tensor_parallel_size * gen.data_parallel_size
+        if gen.gpus is not None and len(gen.gpus) != count:
+            problems.append(
+                f"generation.gpus {gen.gpus} must list tensor_parallel_size x data_parallel_size = {count} GPUs"
+            )
+    return problems
+
+
+def max_lora_rank(lora_r: int) -> int:
+    """Smallest ``--max-lora-rank`` value vLLM accepts that holds an adapter of rank ``lora_r``."""
+    return next(r for r in LORA_RANKS if r >= lora_r)
+
+
+def server_command(
+    gen: GenerationArguments, model: str, sync: str, lora_r: int, dtype: str | None, seed: int
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the ``vllm serve`` process for this recipe."""
+    cmd = [
+        *gen.serve_command,
+        model,
+        "--host",
+        gen.host,
+        "--port",
+        str(gen.port),
+        "--gpu-memory-utilization",
+        str(0.9 if gen.gpu_memory_utilization is None else gen.gpu_memory_utilization),
+        "--tensor-parallel-size",
+        str(gen.tensor_parallel_size),
+        "--seed",
+        str(seed),
+        # the importance-sampling correction compares against log_softmax(logits / T): processed logprobs
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gen.server_gpus()))}
+    if gen.data_parallel_size > 1:
+        cmd += ["--data-parallel-size", str(gen.data_parallel_size)]
+    if gen.max_model_len is not None:
+        cmd += ["--max-model-len", str(gen.max_model_len)]
+    if dtype not in (None, "auto"):
+        cmd += ["--dtype", dtype]
+    if sync == "lora":
+        cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_r)), "--max-loras", "2"]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    else:  # TRL's NCCL weight transfer (see trl.generation.vllm_client)
+        cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"}), "--max-logprobs", "-1"]
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    return cmd + list(gen.extra_args or []), env
+
+
+def training_gpus(gen: GenerationArguments, num_processes: int) -> list[int]:
+    """GPU ids of the training processes on one machine: the first ones the server does not use."""
+    taken, out, gpu = set(gen.server_gpus()), [], 0
+    while len(out) < num_processes:
+        if gpu not in taken:
+            out.append(gpu)
+        gpu += 1
+    return out
+
+
+def format_env_command(env: dict[str, str], cmd: list[str]) -> str:
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *(shlex.quote(c) for c in cmd)])

@@ -1,0 +1,95 @@
+"""Start a ``vllm serve`` process, wait until it is healthy (bounded), and stop it however training ends.
+
+    with VLLMServerProcess(cmd, env, url, log_path, timeout_s=600) as server:
+        run_training()          # the server is terminated on exit, on error and on SIGINT/SIGTERM of the parent
+
+The server runs in its own process group, so stopping it also stops the engine workers it spawned; its output goes
+to ``log_path``, whose last lines are quoted when it fails to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+
+logger = logging.getLogger(__name__)
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy in time."""
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class VLLMServerProcess:
+    def __init__(self, cmd: list[str], env: dict[str, str], url: str, log_path: str | Path, timeout_s: float):
+        self.cmd, self.env, self.url = cmd, env, url.rstrip("/")
+        self.log_path, self.timeout_s = Path(log_path), timeout_s
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process for its lifetime
+        logger.info("starting the vLLM server (log: %s): %s", self.log_path, " ".join(self.cmd))
+        self.process = subprocess.Popen(
+            self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
+                    f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    logger.info("vLLM server healthy at %s", self.url)
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise ServerStartError(
+            f"the vLLM server at {self.url} was not healthy after {self.timeout_s:.0f} s (generation.server_timeout). "
+            f"Check {self.log_path} (model download, GPU memory: generation.gpu_memory_utilization, port in use). "
+            f"Last lines:\n{_tail(self.log_path)}"
+        )
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        logger.info("stopping the vLLM server (pid %d)", self.process.pid)
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VLLMServerProcess:  # noqa: PYI034
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop(grace_s=5.0)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,138 @@
+"""Generation through a vLLM server with adapter-only LoRA weight sync (no vllm import on the trainer side).
+
+``hf_grpo.GRPOTrainer`` calls, once per optimizer step, ``sync(trainer)``: the main process writes the current
+LoRA adapter as safetensors to ``adapter_dir/step-<N>`` (gathering ZeRO-3 shards first), loads it into the server
+as ``policy-<N>`` and unloads the previous one; every process waits for that before generating. ``generate`` then
+sends each process's prompts (one request per batch, ``n`` samples per distinct prompt) and returns the completion
+token ids and sampled-token log-probabilities, which TRL uses for its importance-sampling correction.
+
+Syncing under a new name each step keeps vLLM's prefix cache, which is keyed by adapter name, from reusing blocks
+computed with older weights (vllm issue #42125).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from pathlib import Path
+
+from peft import get_peft_model_state_dict
+from safetensors.torch import save_file
+
+from .vllm_client import VLLMServerClient
+
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_adapter(trainer, path: Path) -> str | None:
+    """Write the trainer's LoRA adapter to ``path`` (main process); returns the sha256 of its safetensors file."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    gather = contextlib.nullcontext()
+    if trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3:
+        import deepspeed
+
+        lora = [p for name, p in model.named_parameters() if "lora_" in name]
+        gather = deepspeed.zero.GatheredParameters(lora, modifier_rank=None)  # collective: every process enters
+    with gather:
+        if not trainer.accelerator.is_main_process:
+            return None
+        state = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(state, path / ADAPTER_FILE)
+    model.peft_config["default"].save_pretrained(path)
+    return sha256_file(path / ADAPTER_FILE)
+
+
+class ServerGenerator:
+    """Generates for ``hf_grpo.GRPOTrainer`` through a vLLM server, syncing only the LoRA adapter."""
+
+    def __init__(
+        self,
+        url: str,
+        adapter_dir: str | Path,
+        request_timeout: float = 600.0,
+        max_retries: int = 3,
+        server_timeout: float = 600.0,
+        seed: int | None = None,
+    ):
+        self.client = VLLMServerClient(url, request_timeout=request_timeout, max_retries=max_retries)
+        self.url, self.adapter_dir, self.server_timeout, self.seed = url, Path(adapter_dir), server_timeout, seed
+        self.adapter_name: str | None = None
+        self.synced_step = -1
+        self.adapter_sha256: str | None = None  # of the adapter the server serves now (main process)
+        self.requests = 0
+
+    def connect(self, trainer) -> None:
+        """Wait (bounded) for the server on the main process, then release the others."""
+        if trainer.accelerator.is_main_process:
+            self.client.wait_until_healthy(timeout_s=self.server_timeout)
+        trainer.accelerator.wait_for_everyone()
+
+    def sync(self, trainer) -> bool:
+        """Load the current adapter into the server if the policy changed since the last sync."""
+        step = trainer.state.global_step
+        if step == self.synced_step:
+            return False
+        name, previous = f"policy-{step}", self.adapter_name
+        path = self.adapter_dir / f"step-{step}"
+        sha256 = save_adapter(trainer, path)
+        if trainer.accelerator.is_main_process:
+            self.client.load_lora_adapter(name, str(path.resolve()))
+            if previous is not None:
+                self.client.unload_lora_adapter(previous, missing_ok=True)
+            self.adapter_sha256 = sha256
+            logger.debug("server now serves %s (sha256 %s)", name, sha256)
+        trainer.accelerator.wait_for_everyone()
+        self.adapter_name, self.synced_step = name, step
+        return True
+
+    def generate(self, trainer, prompt_ids: list[list[int]], num_generations: int):
+        """(completion_ids, logprobs) for ``prompt_ids``, one completion per row, in order.
+
+        Consecutive identical prompts (a group, or the part of it this process holds) become one prompt with ``n``
+        samples, so the server shares their prefill.
+        """
+        runs: list[tuple[list[int], int]] = []
+        for ids in prompt_ids:
+            if runs and runs[-1][0] == ids:
+                runs[-1] = (ids, runs[-1][1] + 1)
+            else:
+                runs.append((ids, 1))
+        seed = None
+        if self.seed is not None:
+            seed = self.seed + 1_000 * trainer.state.global_step + trainer.accelerator.process_index
+        samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in runs]  # per run: (ids, logprobs) x n
+        for n in sorted({count for _, count in runs}):  # one request per distinct n (usually exactly one)
+            chosen = [i for i, (_, count) in enumerate(runs) if count == n]
+            result = self.client.generate(
+                [runs[i][0] for i in chosen],
+                n=n,
+                max_tokens=trainer.max_completion_length,
+                temperature=trainer.temperature,
+                top_p=trainer.top_p,
+                top_k=trainer.top_k or None,
+                min_p=trainer.min_p or 0.0,
+                repetition_penalty=trainer.repetition_penalty,
+                seed=seed,
+                model=self.adapter_name,
+                stop_token_ids=list(trainer.eos_token_ids),
+            )
+            self.requests += 1
+            for j, i in enumerate(chosen):  # the response is prompt-major: sample k of prompt j is at j * n + k
+                rows = slice(j * n, (j + 1) * n)
+                samples[i] = list(zip(result.completion_ids[rows], result.logprobs[rows], strict=True))
+        completion_ids = [list(ids) for run in samples for ids, _ in run]
+        logprobs = [list(lps) for run in samples for _, lps in run]
+        return completion_ids, logprobs

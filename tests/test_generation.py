@@ -1,0 +1,370 @@
+"""Generation on a vLLM server, tested on CPU against a real HTTP server that speaks vLLM's protocol
+(tests/fixtures/fake_vllm_server.py): adapter sync, layout commands, the launcher, a killed and a flaky server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+import torch
+from peft import LoraConfig
+
+from hf_grpo.config import HfGRPOConfig
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.generation.layout import GenerationArguments, max_lora_rank, server_command, training_gpus, trl_fields
+from hf_grpo.generation.server_generator import ServerGenerator
+from hf_grpo.recipe import RecipeError, load_recipe
+from hf_grpo.rewards.functions import gsm8k_correctness
+from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.train import main
+from hf_grpo.trainer import GRPOTrainer
+
+from . import reward_scripts
+from .conftest import REPO
+from .fixtures.fake_vllm_server import start_in_thread, start_subprocess
+
+
+FIXTURE_SERVE = f"[{sys.executable}, -m, tests.fixtures.fake_vllm_server, --model]"
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    """A warm-started tiny model on disk: the server loads it, the trainer loads it and adds LoRA."""
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=64)
+    warm_start(model, tokenizer, steps=60)
+    path = tmp_path_factory.mktemp("policy")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Layout
+
+
+def test_server_command_for_adapter_sync():
+    gen = GenerationArguments(
+        backend="vllm_server", gpus=[0], port=8123, gpu_memory_utilization=0.85, max_model_len=1536
+    )
+    cmd, env = server_command(gen, "Qwen/Qwen2.5-Math-1.5B", "lora", lora_r=16, dtype="bfloat16", seed=7)
+    assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen2.5-Math-1.5B"]
+    text = " ".join(cmd)
+    for part in (
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--gpu-memory-utilization 0.85",
+        "--max-model-len 1536",
+        "--enable-lora",
+        "--max-lora-rank 16",
+        "--logprobs-mode processed_logprobs",
+        "--seed 7",
+    ):
+        assert part in text
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def test_server_command_for_full_sync_uses_trl_weight_transfer():
+    cmd, env = server_command(GenerationArguments(backend="vllm_server"), "m", "full", 16, None, 0)
+    assert "--weight-transfer-config" in cmd and '{"backend": "nccl"}' in cmd and "--enable-lora" not in cmd
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_layout_helpers():
+    assert max_lora_rank(4) == 8 and max_lora_rank(16) == 16 and max_lora_rank(33) == 64
+    assert training_gpus(GenerationArguments(gpus=[0]), 1) == [1]
+    assert training_gpus(GenerationArguments(gpus=[0, 1, 2, 3], data_parallel_size=4), 4) == [4, 5, 6, 7]
+    assert training_gpus(GenerationArguments(gpus=[2]), 3) == [0, 1, 3]
+    server = GenerationArguments(backend="vllm_server", port=9000)
+    assert trl_fields(server, use_peft=True) == {"use_vllm": False}  # our own generator, no vllm on the trainer
+    assert trl_fields(server, use_peft=False)["vllm_server_base_url"] == "http://127.0.0.1:9000"
+    assert trl_fields(GenerationArguments(backend="vllm_colocate"), True)["vllm_gpu_memory_utilization"] == 0.3
+    assert trl_fields(GenerationArguments(), True) == {}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--generation.backend", "vllm_server", "--generation.weight_sync", "lora", "--use_peft", "false"],
+            "needs use_peft",
+        ),
+        (["--generation.backend", "vllm_server", "--use_vllm", "true"], "generation.backend decides"),
+        (["--generation.bakend", "vllm_server"], "did you mean 'backend'"),
+        (["--generation.backend", "sglang"], "generation.backend must be one of"),
+        (["--generation.backend", "vllm_server", "--generation.gpus", "[0, 1]"], "must list"),
+    ],
+)
+def test_generation_section_errors(args, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(["recipes/tiny.yaml", *args], for_run=False)
+
+
+@pytest.mark.parametrize(
+    "recipe, server_part, train_part",
+    [
+        (
+            "qwen-math-1.5b-math.yaml",
+            "CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-Math-1.5B",
+            "CUDA_VISIBLE_DEVICES=1 accelerate launch",
+        ),
+        (
+            "qwen7b-lora-dedicated.yaml",
+            "CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-7B-Instruct",
+            "CUDA_VISIBLE_DEVICES=4,5,6,7 accelerate launch --config_file accelerate_configs/zero2.yaml --num_processes 4",
+        ),
+    ],
+)
+def test_dry_run_prints_the_server_and_training_commands(recipe, server_part, train_part, capsys):
+    assert main([f"recipes/{recipe}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = [line.strip() for line in out.splitlines()]
+    server = next(line for line in lines if " vllm serve " in f" {line}")
+    train = next(line for line in lines if "accelerate launch" in line)
+    assert server.startswith(server_part)
+    assert train.startswith(train_part) and "--generation.base_url http://127.0.0.1:8000" in train
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Training against the fixture server
+
+
+def make_server_trainer(policy_dir, tmp_path, url, reward=gsm8k_correctness, **overrides):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(policy_dir)
+    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=128, arithmetic_eval_size=8))
+    values = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_completion_length=12,
+        learning_rate=5e-3,
+        max_steps=3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        bf16=False,
+    )
+    values.update(overrides)
+    generator = ServerGenerator(url, tmp_path / "adapters", request_timeout=30, max_retries=3, server_timeout=30)
+    peft = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=HfGRPOConfig(**values),
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=peft,
+        generator=generator,
+    )
+
+
+def test_training_through_the_server_syncs_the_adapter_each_step(policy_dir, tmp_path):
+    with start_in_thread(
+        policy_dir,
+        enable_lora=True,
+        max_lora_rank=8,
+        allow_runtime_lora_updating=True,
+        logprobs_mode="processed_logprobs",
+    ) as server:
+        # a reward that varies in every group, so that every step moves the adapter
+        trainer = make_server_trainer(policy_dir, tmp_path, server.url, reward=reward_scripts.alternating)
+        checks, sync = [], trainer.generator.sync
+
+        def checked_sync(t):
+            synced = sync(t)
+            if synced:  # compare what the server serves now with what the trainer just wrote
+                served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+                checks.append(
+                    (
+                        t.generator.adapter_name,
+                        set(served),
+                        served[t.generator.adapter_name]["sha256"],
+                        t.generator.adapter_sha256,
+                    )
+                )
+            return synced
+
+        trainer.generator.sync = checked_sync
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        trainer.train()
+        stats = requests.get(f"{server.url}/fixture/stats", timeout=10).json()["requests"]
+    assert [name for name, *_ in checks] == ["policy-0", "policy-1", "policy-2"]
+    for name, served_names, served_sha, trainer_sha in checks:
+        assert served_sha == trainer_sha, f"{name}: the server serves another adapter than the trainer's"
+        assert served_names == {name}, "the previous adapter should have been unloaded"
+    assert len({sha for *_, sha in checks}) == 3, "the adapter should change after every optimizer step"
+    assert stats["POST /v1/completions"] == 3 and stats["POST /v1/load_lora_adapter"] == 3
+    after = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    record = trainer.state.log_history[0]
+    assert record["time/weight_sync"] > 0 and "sampling/importance_sampling_ratio/mean" in record
+
+
+def test_adapter_sync_changes_what_the_server_generates(policy_dir, tmp_path):
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
+        trainer.generator.sync(trainer)
+        prompt = [
+            trainer.processing_class.apply_chat_template(
+                [{"role": "user", "content": "Tom has 3 pens. Tom gets 4 more. How many pens does Tom have?"}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        ]
+        greedy = dict(n=1, max_tokens=10, temperature=0.0)
+        first = trainer.generator.client.generate(prompt, model="policy-0", **greedy).completion_ids
+        with torch.no_grad():  # move the adapter far, as many optimizer steps would
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(torch.randn_like(p) * 0.5)
+        trainer.state.global_step = 1
+        trainer.generator.sync(trainer)
+        second = trainer.generator.client.generate(prompt, model="policy-1", **greedy).completion_ids
+    assert first != second
+
+
+def test_a_flaky_server_is_retried(policy_dir, tmp_path):
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        requests.post(
+            f"{server.url}/fixture/fail", json={"count": 2, "status": 503, "path": "/v1/completions"}, timeout=10
+        )
+        requests.post(f"{server.url}/fixture/delay", json={"seconds": 0.5, "count": 2}, timeout=10)
+        trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=2)
+        trainer.generator.client.backoff = 0.1
+        trainer.train()
+        stats = requests.get(f"{server.url}/fixture/stats", timeout=10).json()["requests"]
+    assert trainer.state.global_step == 2
+    assert stats["POST /v1/completions"] == 2 + 2  # two injected 503s, then one success per step
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# End to end: the command line, the launcher and a server that dies
+
+
+def run_train(*args, timeout=600, **popen):
+    return subprocess.run(
+        [sys.executable, "-m", "hf_grpo.train", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **popen,
+    )
+
+
+COMMON = [
+    "recipes/tiny.yaml",
+    "--warm_start_steps",
+    "0",
+    "--per_device_train_batch_size",
+    "16",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "10",
+    "--arithmetic_train_size",
+    "64",
+    "--arithmetic_eval_size",
+    "8",
+    "--logging_steps",
+    "1",
+    "--lora_r",
+    "8",
+    "--lora_alpha",
+    "16",
+]
+
+
+def test_launcher_starts_the_server_trains_and_stops_it(policy_dir, tmp_path):
+    port, out = free_port(), tmp_path / "launched"
+    result = run_train(
+        *COMMON,
+        "--model_name_or_path",
+        str(policy_dir),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--generation.backend",
+        "vllm_server",
+        "--generation.port",
+        str(port),
+        "--generation.serve_command",
+        FIXTURE_SERVE,
+        "--generation.server_timeout",
+        "120",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "vLLM server healthy at http://127.0.0.1:" in result.stderr
+    assert (out / "adapter_model.safetensors").is_file() and (out / "vllm_server.log").is_file()
+    log = (out / "vllm_server.log").read_text()
+    assert "--gpu-memory-utilization" in log and "vllm_adapters/step-1" in log  # our flags reached it; LoRA synced
+    with pytest.raises(requests.ConnectionError):  # stopped when training ended
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_killed_server_ends_the_run_with_a_clear_error(policy_dir, tmp_path):
+    server = start_subprocess(policy_dir, enable_lora=True, max_lora_rank=8)
+    out = tmp_path / "killed"
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hf_grpo.train",
+                *COMMON,
+                "--model_name_or_path",
+                str(policy_dir),
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "500",
+                "--generation.backend",
+                "vllm_server",
+                "--generation.base_url",
+                server.url,
+                "--generation.request_timeout",
+                "5",
+                "--generation.max_retries",
+                "1",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        history = out / "training_history.json"
+        while time.monotonic() < deadline:  # let it train a couple of steps
+            if history.exists() and len(json.loads(history.read_text() or "[]")) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        server.kill()
+        killed = time.monotonic()
+        _, stderr = proc.communicate(timeout=120)
+        ended = time.monotonic() - killed
+    finally:
+        server.stop()
+    assert proc.returncode not in (0, None)
+    assert ended < 60, f"the run took {ended:.0f} s to stop after the server died"
+    assert server.url in stderr and "vllm serve" in stderr
