@@ -1,0 +1,214 @@
+"""Dynamic sampling vs stock TRL on the embedded arithmetic task, same model, seed, data, hyperparameters and budget.
+
+    python benchmarks/dynamic_sampling.py                      # about 10 minutes on 2 CPU cores
+    python benchmarks/dynamic_sampling.py --budget 60 --target 0.5
+
+Three arms train the same warm-started tiny model (built once, copied into each arm):
+
+- ``stock``: ``trl.GRPOTrainer`` with ``trl.GRPOConfig``;
+- ``ours+ds``: ``hf_grpo.GRPOTrainer`` with ``dynamic_sampling: true``;
+- ``ours``: ``hf_grpo.GRPOTrainer`` with dynamic sampling off.
+
+Each arm trains until its training wall-clock time reaches ``--budget`` seconds; every ``--eval-every`` optimizer
+steps the clock is paused and greedy accuracy on the held-out split is measured. Reported: held-out accuracy
+reached, training seconds until it first reaches ``--target``, and the mean seconds per optimizer step (after
+``--warmup`` steps). The overhead comparison (``ours`` vs ``stock``) runs the two arms alternately
+``--overhead-repeats`` times for ``--overhead-steps`` steps each, from the same start: with the same seed they make
+the same completions and updates, so the difference in step time is hf_grpo's per-step overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import time
+
+import torch
+from peft import LoraConfig
+from transformers import TrainerCallback
+
+from hf_grpo.config import HfGRPOConfig
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.evaluation.core import evaluate
+from hf_grpo.rewards.functions import gsm8k_correctness
+from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.trainer import GRPOTrainer
+
+
+class Clock(TrainerCallback):
+    """Training wall-clock time with evaluation paused; stops at the budget; records held-out accuracy."""
+
+    def __init__(self, budget: float, eval_every: int, evaluate_fn, max_steps: int | None = None):
+        self.budget, self.eval_every, self.evaluate_fn, self.max_steps = budget, eval_every, evaluate_fn, max_steps
+        self.train_seconds, self.started = 0.0, None
+        self.step_seconds: list[float] = []
+        self.curve: list[tuple[int, float, float]] = []  # (step, training seconds, held-out accuracy)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        elapsed = time.perf_counter() - self.started
+        self.train_seconds += elapsed
+        self.step_seconds.append(elapsed)
+        if self.eval_every and state.global_step % self.eval_every == 0:
+            self.curve.append((state.global_step, self.train_seconds, self.evaluate_fn(model)))
+        if self.train_seconds >= self.budget or (self.max_steps and state.global_step >= self.max_steps):
+            control.should_training_stop = True
+
+
+def make_trainer(arm: str, model, tokenizer, train, out: str, lr: float, batch: int, generations: int):
+    common = dict(
+        output_dir=out,
+        per_device_train_batch_size=batch,
+        num_generations=generations,
+        max_completion_length=16,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        max_steps=100_000,
+        logging_steps=10_000,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        bf16=False,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+    )
+    peft = LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+    model = copy.deepcopy(model)
+    if arm == "stock":
+        import trl
+
+        return trl.GRPOTrainer(
+            model=model,
+            reward_funcs=gsm8k_correctness,
+            args=trl.GRPOConfig(**common),
+            train_dataset=train,
+            processing_class=tokenizer,
+            peft_config=peft,
+        )
+    config = HfGRPOConfig(**common, dynamic_sampling=arm == "ours+ds", max_generation_batches=10)
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=gsm8k_correctness,
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=peft,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=120.0, help="training seconds per arm")
+    parser.add_argument("--target", type=float, default=0.5, help="held-out accuracy target")
+    parser.add_argument("--warm-start-steps", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--batch", type=int, default=128, help="completions per step")
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3, help="steps left out of the step-time mean")
+    parser.add_argument("--overhead-steps", type=int, default=30)
+    parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument("--out", default="/tmp/hf_grpo_bench_ds")
+    args = parser.parse_args()
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=128)
+    warm_start(model, tokenizer, args.warm_start_steps, lr=2e-3)
+    train, held_out = load_grpo_datasets(DataArguments(arithmetic_train_size=4000, arithmetic_eval_size=200))
+
+    def held_out_accuracy(m) -> float:
+        return evaluate(m, tokenizer, held_out, "gsm8k", max_new_tokens=16).accuracy
+
+    start_accuracy = held_out_accuracy(model)
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}; held-out: {len(held_out)} problems, greedy; warm start {args.warm_start_steps} steps "
+        f"-> held-out accuracy {start_accuracy:.3f}"
+    )
+    print(
+        f"each arm: {args.batch} completions/step ({args.batch // args.generations} prompts x {args.generations}), "
+        f"lr {args.lr}, LoRA r16, training budget {args.budget:.0f} s (evaluation time excluded), eval every "
+        f"{args.eval_every} steps\n"
+    )
+
+    results = {}
+    for arm in ("stock", "ours+ds"):
+        trainer = make_trainer(
+            arm, model, tokenizer, train, f"{args.out}/{arm}", args.lr, args.batch, args.generations
+        )
+        clock = Clock(args.budget, args.eval_every, held_out_accuracy)
+        trainer.add_callback(clock)
+        trainer.train()
+        reached = next((seconds for _, seconds, acc in clock.curve if acc >= args.target), None)
+        zero_std = [r["frac_reward_zero_std"] for r in trainer.state.log_history if "frac_reward_zero_std" in r]
+        results[arm] = dict(
+            steps=trainer.state.global_step,
+            best=max([start_accuracy] + [acc for *_, acc in clock.curve]),
+            final=clock.curve[-1][2] if clock.curve else start_accuracy,
+            time_to_target=reached,
+            step_time=statistics.mean(clock.step_seconds[args.warmup :]),
+            zero_std=statistics.mean(zero_std) if zero_std else float("nan"),
+            curve=clock.curve,
+        )
+        print(
+            f"{arm:8s} curve (step, train s, held-out acc): "
+            + ", ".join(f"({s}, {t:.0f}, {a:.2f})" for s, t, a in clock.curve)
+        )
+
+    print(
+        f"\n{'arm':10s} {'steps':>6s} {'s/step':>7s} {'zero-std':>9s} {'best acc':>9s} {'final acc':>10s} "
+        f"{'time to ' + format(args.target, '.2f'):>14s}"
+    )
+    for arm, r in results.items():
+        ttt = f"{r['time_to_target']:.0f} s" if r["time_to_target"] is not None else "not reached"
+        print(
+            f"{arm:10s} {r['steps']:6d} {r['step_time']:7.3f} {r['zero_std']:9.2f} {r['best']:9.3f} "
+            f"{r['final']:10.3f} {ttt:>14s}"
+        )
+    stock_t, ds_t = results["stock"]["time_to_target"], results["ours+ds"]["time_to_target"]
+    if stock_t is not None and ds_t is not None:
+        print(f"time to target: stock / ours+ds = {stock_t / ds_t:.2f}x")
+    elif ds_t is not None:
+        print(f"time to target: ours+ds reached it in {ds_t:.0f} s; stock did not within {args.budget:.0f} s")
+    else:
+        print("time to target: ours+ds did not reach the target")
+
+    # Per-step overhead with dynamic sampling off: alternate arms, identical work (same seed, same trajectory).
+    times: dict[str, list[float]] = {"stock": [], "ours": []}
+    for _ in range(args.overhead_repeats):
+        for arm in ("stock", "ours"):
+            trainer = make_trainer(
+                arm, model, tokenizer, train, f"{args.out}/{arm}-overhead", args.lr, args.batch, args.generations
+            )
+            clock = Clock(float("inf"), 0, held_out_accuracy, max_steps=args.overhead_steps)
+            trainer.add_callback(clock)
+            trainer.train()
+            times[arm].append(statistics.mean(clock.step_seconds[args.warmup :]))
+    stock_med, ours_med = statistics.median(times["stock"]), statistics.median(times["ours"])
+    print(
+        f"\nper-step time, dynamic sampling off, {args.overhead_repeats} alternating runs x "
+        f"{args.overhead_steps} steps (median of run means):"
+    )
+    print(f"  stock {stock_med:.4f} s  runs {[round(t, 4) for t in times['stock']]}")
+    print(f"  ours  {ours_med:.4f} s  runs {[round(t, 4) for t in times['ours']]}")
+    print(f"  ours / stock = {ours_med / stock_med:.3f} ({(ours_med / stock_med - 1) * 100:+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
