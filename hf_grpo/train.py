@@ -66,6 +66,21 @@ def load_policy(recipe: Recipe):
     return model, tokenizer
 
 
+RECIPE_FILE = "recipe.yaml"
+
+
+def save_recipe(recipe: Recipe) -> None:
+    """Copy the resolved recipe (its explicit values and overrides) into ``output_dir`` for provenance and the Hub."""
+    import yaml
+
+    if recipe.training.process_index != 0:
+        return
+    out = Path(recipe.training.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
+    (out / RECIPE_FILE).write_text(header + yaml.safe_dump(recipe.values, sort_keys=False))
+
+
 def resume_target(args) -> str | bool | None:
     """What to pass to ``Trainer.train(resume_from_checkpoint=...)``: ``auto``/``true`` resume when possible."""
     from transformers.trainer_utils import get_last_checkpoint
@@ -91,6 +106,7 @@ def run(recipe: Recipe) -> dict:
     from .trainer import GRPOTrainer
 
     args = recipe.training
+    save_recipe(recipe)
     model, tokenizer = load_policy(recipe)
     train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
     task = recipe.data.resolved()["task"]

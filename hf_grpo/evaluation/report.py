@@ -1,7 +1,8 @@
 """Training report: seed 002's four-panel plot and a Markdown summary with the before/after table.
 
 Panels: (1) mean reward per step, (2) train accuracy vs held-out accuracy, (3) loss, (4) the reward's min/max band
-with its mean. Everything is read from ``training_history.json`` and ``eval_results.json``, so a report can be
+with its mean. ``summary.md`` holds the before/after table (correct, answered-but-wrong, no answer found) and the
+training facts. Everything is read from ``training_history.json`` and ``eval_results.json``, so a report can be
 rebuilt at any time::
 
     python -m hf_grpo.evaluation.report outputs/tiny
@@ -87,10 +88,56 @@ def plot_training(history: list[dict], path: str | Path, eval_results: dict | No
     return path
 
 
-def write_report(output_dir: str | Path) -> Path:
-    """Plot the run in ``output_dir`` from its history and eval results."""
+def eval_table(results: dict) -> str:
+    """The before/after table in Markdown (seed 002's layout: correct, formatted-but-wrong, unparseable)."""
+    rows = ["| metric | before | after | change |", "|---|---|---|---|"]
+    before, after = results["before"], results["after"]
+    b_total, a_total = before["total"] or 1, after["total"] or 1
+    rows.append(
+        f"| accuracy | {before['accuracy']:.1%} | {after['accuracy']:.1%} | "
+        f"{(after['accuracy'] - before['accuracy']) * 100:+.1f} points |"
+    )
+    for key, label in (("correct", "correct"), ("wrong", "answered, wrong"), ("unparseable", "no answer found")):
+        rows.append(
+            f"| {label} | {before[key]} ({before[key] / b_total:.1%}) | {after[key]} ({after[key] / a_total:.1%}) "
+            f"| {after[key] - before[key]:+d} |"
+        )
+    rows.append(f"| held-out problems | {before['total']} | {after['total']} | |")
+    return "\n".join(rows)
+
+
+def summary_markdown(output_dir: str | Path) -> str:
+    """A Markdown summary of the run: held-out before/after table, training facts, the plot."""
     output_dir = Path(output_dir)
-    return plot_training(read_history(output_dir), output_dir / PLOT_FILE, read_eval_results(output_dir))
+    history, results = read_history(output_dir), read_eval_results(output_dir)
+    lines = [f"# Training summary: {output_dir.name}", ""]
+    if results:
+        lines += ["## Held-out accuracy (greedy)", "", eval_table(results), ""]
+    logged = [r for r in history if "reward" in r]
+    if logged:
+        last = logged[-1]
+        runtime = next((r["train_runtime"] for r in reversed(history) if "train_runtime" in r), None)
+        lines += ["## Training", "", f"- optimizer steps: {last['step']}"]
+        if runtime is not None:
+            lines.append(f"- training time: {runtime:.0f} s")
+        lines.append(f"- reward: {logged[0]['reward']:.3f} (first log) -> {last['reward']:.3f} (last log)")
+        if "accuracy" in last:
+            lines.append(f"- train accuracy (sampled): {logged[0]['accuracy']:.3f} -> {last['accuracy']:.3f}")
+        if "dynamic_sampling/kept_fraction" in last:
+            kept = [r["dynamic_sampling/kept_fraction"] for r in logged if "dynamic_sampling/kept_fraction" in r]
+            lines.append(f"- dynamic sampling: {sum(kept) / len(kept):.0%} of generated groups kept on average")
+        lines.append("")
+    if (output_dir / PLOT_FILE).is_file():
+        lines += [f"![training curves]({PLOT_FILE})", ""]
+    return "\n".join(lines)
+
+
+def write_report(output_dir: str | Path) -> Path:
+    """Plot the run in ``output_dir`` from its history and eval results, and write its Markdown summary."""
+    output_dir = Path(output_dir)
+    plot = plot_training(read_history(output_dir), output_dir / PLOT_FILE, read_eval_results(output_dir))
+    (output_dir / SUMMARY_FILE).write_text(summary_markdown(output_dir))
+    return plot
 
 
 if __name__ == "__main__":
