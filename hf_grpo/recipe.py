@@ -516,6 +516,11 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             f"{where}: dynamic_sampling_metric {metric!r} is neither 'reward' nor one of the "
             f"reward_funcs {reward_names}"
         )
+    if values.get("push_to_hub") and not values.get("hub_model_id"):
+        raise RecipeError(
+            f"{where}: push_to_hub needs hub_model_id (e.g. your-name/qwen7b-grpo); the token comes "
+            "from the HF_TOKEN environment variable"
+        )
     weights = values.get("reward_weights")
     if weights is not None and len(weights) != len(rewards.reward_funcs):
         raise RecipeError(

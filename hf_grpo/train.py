@@ -42,7 +42,7 @@ def load_policy(recipe: Recipe):
         if args.process_index == 0:
             model.save_pretrained(base_dir)  # safetensors; the adapter is saved relative to these weights
             tokenizer.save_pretrained(base_dir)
-        model.config._name_or_path = str(base_dir.resolve())
+        model.config._name_or_path = model.name_or_path = str(base_dir.resolve())  # PEFT records it in the adapter
         return model, tokenizer
 
     quantization = get_quantization_config(model_args)
@@ -79,6 +79,10 @@ def save_recipe(recipe: Recipe) -> None:
     out.mkdir(parents=True, exist_ok=True)
     header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
     (out / RECIPE_FILE).write_text(header + yaml.safe_dump(recipe.values, sort_keys=False))
+    from .evaluation.history import write_json
+    from .hub import VERSIONS_FILE, library_versions
+
+    write_json(out / VERSIONS_FILE, library_versions())
 
 
 def resume_target(args) -> str | bool | None:
@@ -106,6 +110,8 @@ def run(recipe: Recipe) -> dict:
     from .trainer import GRPOTrainer
 
     args = recipe.training
+    push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
+    args.push_to_hub = False
     save_recipe(recipe)
     model, tokenizer = load_policy(recipe)
     train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
@@ -160,6 +166,16 @@ def run(recipe: Recipe) -> dict:
             )
         write_report(args.output_dir)
         logger.info("outputs in %s", args.output_dir)
+        if push:
+            from .hub import push as push_to_hub
+
+            result = push_to_hub(
+                args.output_dir,
+                args.hub_model_id,
+                private=args.hub_private_repo is not False,
+                revision=args.hub_revision,
+            )
+            logger.info("pushed to %s", result.repo_url)
     trainer.accelerator.wait_for_everyone()
     return results
 

@@ -248,3 +248,17 @@ def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dat
     if test is not None and args.max_eval_samples is not None and len(test) > args.max_eval_samples:
         test = test.select(range(args.max_eval_samples))
     return train, test
+
+
+def load_eval_dataset(args: DataArguments, seed: int = 0, split: str | None = None) -> Dataset:
+    """The held-out dataset exactly as ``load_grpo_datasets`` builds it (or ``split`` of ``dataset_name``)."""
+    if split is not None:
+        spec = args.resolved()
+        raw = _load_raw(spec["name"], spec["config"], split, args, seed)
+        return _to_grpo(raw, args, spec, f"{split!r} split")
+    _, test = load_grpo_datasets(args, seed)
+    if test is None:
+        raise ValueError(
+            f"dataset {args.dataset_name!r} has no held-out split; pass --split, --dataset or eval_split_size"
+        )
+    return test

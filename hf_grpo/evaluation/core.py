@@ -84,32 +84,11 @@ def generate(
     return outputs
 
 
-def evaluate(
-    model,
-    tokenizer,
-    dataset,
-    task: str,
-    max_new_tokens: int,
-    num_samples: int = 1,
-    temperature: float = 1.0,
-    batch_size: int = 64,
-    gold_column: str = "solution",
+def grade_generations(
+    dataset, task: str, greedy: list[list[str]], sampled: list[list[str]] | None = None, gold_column: str = "solution"
 ) -> EvalResult:
-    """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``."""
+    """Grade generated texts (one greedy completion per problem, optionally k samples) into an EvalResult."""
     prompts, golds = list(dataset["prompt"]), list(dataset[gold_column])
-    greedy = generate(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
-    sampled = None
-    if num_samples > 1:
-        sampled = generate(
-            model,
-            tokenizer,
-            prompts,
-            max_new_tokens,
-            do_sample=True,
-            temperature=temperature,
-            num_return_sequences=num_samples,
-            batch_size=batch_size,
-        )
     records, counts, hits = [], {"correct": 0, "wrong": 0, "unparseable": 0}, 0
     for i, (prompt, gold) in enumerate(zip(prompts, golds, strict=True)):
         completion = greedy[i][0]
@@ -129,7 +108,36 @@ def evaluate(
         wrong=counts["wrong"],
         unparseable=counts["unparseable"],
         total=total,
-        num_samples=num_samples,
+        num_samples=len(sampled[0]) if sampled else 1,
         pass_at_k=hits / total if sampled is not None and total else None,
         records=records,
     )
+
+
+def evaluate(
+    model,
+    tokenizer,
+    dataset,
+    task: str,
+    max_new_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    batch_size: int = 64,
+    gold_column: str = "solution",
+) -> EvalResult:
+    """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``."""
+    prompts = list(dataset["prompt"])
+    greedy = generate(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
+    sampled = None
+    if num_samples > 1:
+        sampled = generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            num_return_sequences=num_samples,
+            batch_size=batch_size,
+        )
+    return grade_generations(dataset, task, greedy, sampled, gold_column)
