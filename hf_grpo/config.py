@@ -90,6 +90,10 @@ class HfGRPOConfig(GRPOConfig):
             Held-out examples used by `task_eval_steps` evaluations (all when unset).
         eval_max_new_tokens (`int`, *optional*):
             Generation budget of task evaluations; defaults to `max_completion_length`.
+        keep_top_k (`int`, *optional*):
+            Keep only the `k` checkpoints with the best held-out accuracy (NeMo RL's `keep_top_k`); every saved
+            checkpoint is scored by the task evaluation of its step, so `save_steps` must be a multiple of
+            `task_eval_steps`. Scores are in `output_dir/checkpoint_scores.json`. Replaces `save_total_limit`.
     """
 
     dynamic_sampling: bool = field(
@@ -125,6 +129,9 @@ class HfGRPOConfig(GRPOConfig):
     eval_max_new_tokens: int | None = field(
         default=None, metadata={"help": "Generation budget of task evaluations (default: max_completion_length)."}
     )
+    keep_top_k: int | None = field(
+        default=None, metadata={"help": "Keep only the k checkpoints with the best held-out accuracy."}
+    )
 
     def __post_init__(self):
         # TRL turns an unset bf16 into True, which fails on a machine without a bf16-capable GPU; resolve it from the
@@ -147,5 +154,18 @@ class HfGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}"
             )
+        if self.keep_top_k is not None:
+            if self.keep_top_k < 1 or self.task_eval_steps < 1:
+                raise ValueError(
+                    "keep_top_k needs keep_top_k >= 1 and task_eval_steps >= 1 (checkpoints are ranked "
+                    "by the held-out accuracy measured every task_eval_steps)"
+                )
+            if self.save_strategy != "steps" or self.save_steps % self.task_eval_steps:
+                raise ValueError(
+                    f"keep_top_k needs save_strategy 'steps' and save_steps ({self.save_steps}) a "
+                    f"multiple of task_eval_steps ({self.task_eval_steps})"
+                )
+            if self.save_total_limit is not None:
+                raise ValueError("keep_top_k replaces save_total_limit: set only one")
         if self.advantage_estimator == "rloo" and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("advantage_estimator='rloo' needs multi_objective_aggregation='sum_then_normalize'")

@@ -180,6 +180,25 @@ def run(recipe: Recipe) -> dict:
     return results
 
 
+def train(recipe: str | None = None, **overrides) -> dict:
+    """Run a recipe from Python (a notebook, a script): ``train("recipes/tiny.yaml", max_steps=30)``.
+
+    Keyword arguments override recipe keys exactly as ``--key value`` does on the command line (``generation`` takes
+    a dict). Returns the before/after held-out evaluation. Raises ``RecipeError`` for a bad recipe.
+    """
+    import json
+
+    argv = [recipe] if recipe else []
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            argv += [f"--{key}.{k}={json.dumps(v)}" for k, v in value.items()]
+        else:
+            argv.append(f"--{key}={json.dumps(value) if not isinstance(value, str) else value}")
+    loaded, _ = load_recipe(argv, for_run=True)
+    apply_env(loaded)
+    return run(loaded)
+
+
 def print_help() -> None:
     from trl import TrlParser
 

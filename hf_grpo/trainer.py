@@ -11,7 +11,8 @@ Overridden TRL / transformers hooks (each pinned by a signature test in ``tests/
   training with ``dynamic_sampling``, the filter / fill / carry-over loop (see ``_dynamic_batch``).
 - ``training_step``: per-phase seconds of each optimizer step.
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the carried-over groups and the prompt stream position
-  are saved with every checkpoint and restored on resume, so a resumed run continues exactly.
+  are saved with every checkpoint and restored on resume, so a resumed run continues exactly; with ``keep_top_k``
+  only the best checkpoints by held-out accuracy are kept.
 
 Dynamic sampling, per optimizer step (DAPO; verl ``filter_groups``, NeMo RL ``use_dynamic_sampling``):
 
@@ -36,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections import defaultdict
 from typing import ClassVar
@@ -54,6 +56,7 @@ from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, k
 logger = logging.getLogger(__name__)
 
 ZERO_REWARD_PATIENCE = 20  # generation batches of all-zero rewards before a loud warning
+SCORES_FILE = "checkpoint_scores.json"
 STATE_FILE = "hf_grpo_state_rank{rank}.json"
 POOL_FILE = "hf_grpo_pool_rank{rank}.safetensors"
 
@@ -114,7 +117,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._pool = GroupPool()
         self._stream = PromptStream(len(self.train_dataset), self.args.seed) if self.args.dynamic_sampling else None
         self._keep_digest = hashlib.sha256()
-        self._zero_reward_batches = 0  # running digest of every global keep decision (tests compare ranks)
+        self._zero_reward_batches = 0
+        self.last_task_eval: tuple[int, float] | None = (
+            None  # (step, held-out accuracy), set by the task evaluator  # running digest of every global keep decision (tests compare ranks)
+        )
 
     # ----------------------------------------------------------------------------------------------------------------
     # Validation
@@ -204,7 +210,32 @@ class GRPOTrainer(trl.GRPOTrainer):
         super()._save_checkpoint(model, trial)
         if self.args.dynamic_sampling:
             self._save_sampling_state(trial)
+        if self.args.keep_top_k is not None:
+            self._keep_best_checkpoints(trial)
         self.record_metric("time/checkpoint", time.perf_counter() - start)
+
+    def _keep_best_checkpoints(self, trial) -> None:
+        """Score the checkpoint just saved by this step's held-out accuracy; delete all but the ``keep_top_k`` best."""
+        step, accuracy = self.last_task_eval if self.last_task_eval is not None else (None, None)
+        if step != self.state.global_step:
+            raise RuntimeError(
+                f"keep_top_k: no task evaluation at step {self.state.global_step} to rank its checkpoint"
+            )
+        run_dir = self._get_output_dir(trial=trial)
+        scores_path = os.path.join(run_dir, SCORES_FILE)
+        scores = {}
+        if os.path.exists(scores_path):
+            with open(scores_path) as f:
+                scores = json.load(f)
+        scores[f"{PREFIX_CHECKPOINT_DIR}-{step}"] = accuracy
+        ranked = sorted(scores, key=lambda name: (scores[name], int(name.rsplit("-", 1)[1])), reverse=True)
+        if self.args.should_save:
+            for name in ranked[self.args.keep_top_k :]:
+                shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+            kept = {name: scores[name] for name in ranked[: self.args.keep_top_k]}
+            with open(scores_path, "w") as f:
+                json.dump(kept, f, indent=2)
+            logger.info("keep_top_k: kept %s", ", ".join(f"{n} ({a:.3f})" for n, a in kept.items()))
 
     # ----------------------------------------------------------------------------------------------------------------
     # Scoring

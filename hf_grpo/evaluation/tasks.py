@@ -89,3 +89,4 @@ class _PeriodicEval(TrainerCallback):
             max_samples=self.evaluator.periodic_samples,
         )
         self.trainer.record_metric("eval/accuracy", summary["accuracy"])
+        self.trainer.last_task_eval = (state.global_step, summary["accuracy"])
