@@ -23,7 +23,7 @@ import sys
 import time
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from .data.arithmetic import corpus, make_split
@@ -36,12 +36,25 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's pre-tokenization (transformers' Qwen2Tokenizer): words, single digits, punctuation, whitespace runs.
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def build_tokenizer(vocab_size: int = 400, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the arithmetic corpus; deterministic for a given ``seed``."""
+    """Byte-level BPE trained on the arithmetic corpus; deterministic for a given ``seed``.
+
+    It splits text exactly as Qwen2's tokenizer does (NFC, Qwen2's pre-tokenization regex: one token per digit),
+    so ``AutoTokenizer`` loading the saved model directory, which picks ``Qwen2Tokenizer`` for a ``qwen2`` config,
+    tokenizes exactly as this object does.
+    """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
