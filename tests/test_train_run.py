@@ -52,6 +52,65 @@ def test_short_run_writes_every_output(tmp_path):
     assert len((out / "eval_after.jsonl").read_text().splitlines()) == 16
 
 
+def test_evaluate_reproduces_the_runs_eval_results(tmp_path, capsys):
+    """`python -m hf_grpo.evaluate` on the adapter and on the base gives the run's own after/before numbers."""
+    from hf_grpo.evaluate import main as evaluate_main
+
+    out = tmp_path / "run"
+    assert (
+        main(
+            [
+                "recipes/tiny.yaml",
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "4",
+                "--warm_start_steps",
+                "120",
+                "--arithmetic_eval_size",
+                "24",
+                "--per_device_train_batch_size",
+                "32",
+            ]
+        )
+        == 0
+    )
+    results = json.loads((out / "eval_results.json").read_text())
+    capsys.readouterr()
+    for target, phase in ((out, "after"), (out / "base_model", "before")):
+        assert evaluate_main([str(target)]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        for key in ("accuracy", "correct", "wrong", "unparseable", "total"):
+            assert printed[key] == results[phase][key], (phase, key)
+
+
+def test_plot_has_four_non_empty_panels(tmp_path):
+    from hf_grpo.evaluation.report import training_figure
+
+    history = [
+        {
+            "step": s,
+            "reward": 0.1 * s,
+            "accuracy": 0.1 * s,
+            "loss": 0.01 / s,
+            "reward/min": 0.0,
+            "reward/max": 1.0,
+            "eval/accuracy": 0.05 * s,
+        }
+        for s in range(1, 6)
+    ]
+    figure = training_figure(history, {"before": {"accuracy": 0.1}, "after": {"accuracy": 0.5}})
+    for ax in figure.axes:
+        drawn = [line for line in ax.get_lines() if len(line.get_xdata()) > 1] + list(ax.collections)
+        assert drawn, f"panel {ax.get_title()!r} is empty"
+    assert [ax.get_title() for ax in figure.axes] == [
+        "Average reward per step",
+        "Accuracy: train vs held-out",
+        "Policy loss",
+        "Reward range per step",
+    ]
+
+
 def test_default_run_learns(tmp_path):
     """The README's first command: the embedded default must gain >= 0.20 held-out accuracy."""
     out = tmp_path / "default"

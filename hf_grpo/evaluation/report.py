@@ -37,6 +37,17 @@ def read_eval_results(output_dir: str | Path) -> dict | None:
 
 def plot_training(history: list[dict], path: str | Path, eval_results: dict | None = None) -> Path:
     """Write the four-panel PNG; returns its path."""
+    import matplotlib.pyplot as plt
+
+    fig = training_figure(history, eval_results)
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def training_figure(history: list[dict], eval_results: dict | None = None):
+    """The four-panel matplotlib figure (reward, train vs held-out accuracy, loss, reward range)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,10 +93,7 @@ def plot_training(history: list[dict], path: str | Path, eval_results: dict | No
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def eval_table(results: dict) -> str:
