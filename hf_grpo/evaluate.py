@@ -122,12 +122,16 @@ def parse_args(argv: list[str] | None):
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    args = parse_args(argv)
-    if Path(args.model).expanduser().exists() is False and args.model.startswith(("./", "/", "../", "~")):
-        print(f"hf_grpo.evaluate: error: {args.model} does not exist", file=sys.stderr)  # noqa: T201
-        return 2
+def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides):
+    """Evaluate ``model`` (a run's output_dir, a base model or an adapter dir) and return the ``EvalResult``.
+
+    ``overrides`` are the command-line options by their Python names (``dataset="math500"``, ``num_samples=8``).
+    Raises ``ValueError`` / ``FileNotFoundError`` for a dataset that cannot be loaded.
+    """
+    if args is None:
+        args = parse_args([model])
+    for key, value in overrides.items():
+        setattr(args, key, value)
     recipe_path = Path(args.recipe) if args.recipe else find_recipe(Path(args.model))
     values = recipe_values(recipe_path)
     data_fields = set(DataArguments.__dataclass_fields__)
@@ -148,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     max_new_tokens = (
         args.max_new_tokens or values.get("eval_max_new_tokens") or values.get("max_completion_length") or 256
     )
-    try:
-        dataset = load_eval_dataset(data, seed=seed, split=args.split)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"hf_grpo.evaluate: error: {exc}", file=sys.stderr)  # noqa: T201
-        return 2
+    dataset = load_eval_dataset(data, seed=seed, split=args.split)
     if args.max_samples is not None:
         dataset = dataset.select(range(min(args.max_samples, len(dataset))))
     task = data.resolved(data.eval_dataset_name)["task"] if data.eval_dataset_name else data.resolved()["task"]
@@ -163,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         task,
         f"recipe {recipe_path}" if recipe_path else "no recipe",
     )
-
     if args.backend == "vllm":
         from .evaluation.core import grade_generations
 
@@ -173,28 +172,39 @@ def main(argv: list[str] | None = None) -> int:
             sampled = vllm_generate(
                 args.model, list(dataset["prompt"]), max_new_tokens, args.num_samples, args.temperature, seed
             )
-        result = grade_generations(dataset, task, texts, sampled)
-    else:
-        import torch
+        return grade_generations(dataset, task, texts, sampled)
+    import torch
 
-        torch.manual_seed(seed)
-        model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
-        batch_size = args.batch_size or max(values.get("per_device_eval_batch_size", 8), 8)  # as TaskEvaluator does
-        result = evaluate(
-            model,
-            tokenizer,
-            dataset,
-            task,
-            max_new_tokens,
-            num_samples=args.num_samples,
-            temperature=args.temperature,
-            batch_size=batch_size,
-        )
-    summary = result.summary()
+    torch.manual_seed(seed)
+    model_obj, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    batch_size = args.batch_size or max(values.get("per_device_eval_batch_size", 8), 8)  # as TaskEvaluator does
+    return evaluate(
+        model_obj,
+        tokenizer,
+        dataset,
+        task,
+        max_new_tokens,
+        num_samples=args.num_samples,
+        temperature=args.temperature,
+        batch_size=batch_size,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    args = parse_args(argv)
+    if not Path(args.model).expanduser().exists() and args.model.startswith(("./", "/", "../", "~")):
+        print(f"hf_grpo.evaluate: error: {args.model} does not exist", file=sys.stderr)  # noqa: T201
+        return 2
+    try:
+        result = evaluate_run(args.model, args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"hf_grpo.evaluate: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
     if args.output:
         with open(args.output, "w") as f:
             f.writelines(json.dumps(record) + "\n" for record in result.records)
-    print(json.dumps(summary, indent=2))  # noqa: T201
+    print(json.dumps(result.summary(), indent=2))  # noqa: T201
     return 0
 
 

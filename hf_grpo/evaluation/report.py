@@ -37,23 +37,21 @@ def read_eval_results(output_dir: str | Path) -> dict | None:
 
 def plot_training(history: list[dict], path: str | Path, eval_results: dict | None = None) -> Path:
     """Write the four-panel PNG; returns its path."""
-    import matplotlib.pyplot as plt
-
-    fig = training_figure(history, eval_results)
     path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    training_figure(history, eval_results).savefig(path, dpi=100)
     return path
 
 
 def training_figure(history: list[dict], eval_results: dict | None = None):
-    """The four-panel matplotlib figure (reward, train vs held-out accuracy, loss, reward range)."""
-    import matplotlib
+    """The four-panel matplotlib figure (reward, train vs held-out accuracy, loss, reward range).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Built without pyplot, so it neither needs a display nor changes the backend of the caller (a notebook keeps its
+    inline plots).
+    """
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig = Figure(figsize=(11, 7.5))
+    axes = fig.subplots(2, 2)
     (ax_reward, ax_acc), (ax_loss, ax_band) = axes
 
     steps, reward = _series(history, "reward")
