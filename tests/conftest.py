@@ -32,6 +32,36 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: int = 
     )
 
 
+def tiny_config(output_dir, **overrides):
+    """An HfGRPOConfig for tiny-trainer tests: small batches, a few steps, no saving, no trackers, CPU-friendly."""
+    from hf_grpo.config import HfGRPOConfig
+
+    values = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_completion_length=12,
+        learning_rate=5e-3,
+        lr_scheduler_type="constant",
+        max_steps=3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        bf16=False,
+    )
+    values.update(overrides)
+    return HfGRPOConfig(**values)
+
+
+def tiny_lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random-init tiny model and tokenizer saved to disk (for servers and evaluators that load from a path)."""

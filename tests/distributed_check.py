@@ -12,13 +12,12 @@ import json
 import sys
 
 from accelerate.utils import gather_object
-from peft import LoraConfig
 
-from hf_grpo.config import HfGRPOConfig
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
+from .conftest import tiny_config, tiny_lora
 from .reward_scripts import half_varying
 
 
@@ -27,20 +26,11 @@ def main(out: str) -> None:
     model = build_model(tokenizer, hidden_size=64)
     warm_start(model, tokenizer, steps=40)
     train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=256, arithmetic_eval_size=8))
-    args = HfGRPOConfig(
-        output_dir="/tmp/hf_grpo_distributed_check",
+    args = tiny_config(
+        "/tmp/hf_grpo_distributed_check",
         per_device_train_batch_size=8,
-        num_generations=4,
         max_completion_length=10,
-        learning_rate=5e-3,
         max_steps=4,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        bf16=False,
         dynamic_sampling=True,
         max_generation_batches=6,
     )
@@ -50,7 +40,7 @@ def main(out: str) -> None:
         args=args,
         train_dataset=train,
         processing_class=tokenizer,
-        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        peft_config=tiny_lora(),
     )
     trainer.train()
     params = hashlib.sha256()

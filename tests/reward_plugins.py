@@ -74,3 +74,13 @@ closure_reward = _make_closure()
 async def async_reward(completions, **kwargs) -> list[float]:
     """An async reward (TRL awaits these itself; they are not isolated)."""
     return [1.0] * len(completions)
+
+
+def hangs_once(completions, marker: str, **kwargs) -> list[float]:
+    """Hangs forever on the first completion it ever sees (it leaves ``marker`` behind), then scores 1.0."""
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        while True:
+            time.sleep(3600)
+    return [1.0] * len(completions)

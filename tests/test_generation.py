@@ -12,9 +12,7 @@ import time
 import pytest
 import requests
 import torch
-from peft import LoraConfig
 
-from hf_grpo.config import HfGRPOConfig
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.generation.layout import GenerationArguments, max_lora_rank, server_command, training_gpus, trl_fields
 from hf_grpo.generation.server_generator import ServerGenerator
@@ -25,7 +23,7 @@ from hf_grpo.train import main
 from hf_grpo.trainer import GRPOTrainer
 
 from . import reward_scripts
-from .conftest import REPO
+from .conftest import REPO, tiny_config, tiny_lora
 from .fixtures.fake_vllm_server import start_in_thread, start_subprocess
 
 
@@ -146,31 +144,14 @@ def make_server_trainer(policy_dir, tmp_path, url, reward=gsm8k_correctness, **o
     tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(policy_dir)
     train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=128, arithmetic_eval_size=8))
-    values = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=16,
-        num_generations=4,
-        max_completion_length=12,
-        learning_rate=5e-3,
-        max_steps=3,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        bf16=False,
-    )
-    values.update(overrides)
     generator = ServerGenerator(url, tmp_path / "adapters", request_timeout=30, max_retries=3, server_timeout=30)
-    peft = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     return GRPOTrainer(
         model=model,
         reward_funcs=reward,
-        args=HfGRPOConfig(**values),
+        args=tiny_config(tmp_path, **overrides),
         train_dataset=train,
         processing_class=tokenizer,
-        peft_config=peft,
+        peft_config=tiny_lora(),
         generator=generator,
     )
 

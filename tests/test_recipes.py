@@ -139,6 +139,11 @@ def test_batch_plan_arithmetic():
         (["recipes/tiny.yaml", "--learnig_rate", "0.1"], "did you mean 'learning_rate'"),
         (["recipes/tiny.yaml", "--num_generations", "3", "--dry-run"], "not divisible by num_generations 3"),
         (["recipes/nope.yaml"], "does not exist"),
+        (
+            ["recipes/tiny.yaml", "--reward_funcs", "[no_such_module_xyz:fn]"],
+            "cannot import module 'no_such_module_xyz'",
+        ),
+        (["recipes/tiny.yaml", "--reward_funcs", "[gsm8k_corectness]"], "unknown reward 'gsm8k_corectness'"),
     ],
 )
 def test_cli_user_errors_exit_2_without_traceback(args, message):

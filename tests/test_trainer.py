@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from peft import LoraConfig
 from transformers import TrainerCallback
 
 from hf_grpo.config import HfGRPOConfig
@@ -17,6 +16,7 @@ from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
 from . import reward_scripts
+from .conftest import tiny_config, tiny_lora
 
 
 @pytest.fixture(scope="module")
@@ -30,31 +30,13 @@ def tiny():
 
 def make_trainer(tiny, tmp_path, reward=gsm8k_correctness, **overrides) -> GRPOTrainer:
     model, tokenizer, train = tiny
-    values = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=16,
-        num_generations=4,
-        max_completion_length=12,
-        learning_rate=5e-3,
-        max_steps=3,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        lr_scheduler_type="constant",
-        bf16=False,
-    )
-    values.update(overrides)
-    peft = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     return GRPOTrainer(
         model=copy.deepcopy(model),
         reward_funcs=reward,
-        args=HfGRPOConfig(**values),
+        args=tiny_config(tmp_path, **overrides),
         train_dataset=train,
         processing_class=tokenizer,
-        peft_config=peft,
+        peft_config=tiny_lora(),
     )
 
 
