@@ -188,10 +188,12 @@ def train(recipe: str | None = None, **overrides) -> dict:
     """
     import json
 
+    from .recipe import NESTED
+
     argv = [recipe] if recipe else []
     for key, value in overrides.items():
-        if isinstance(value, dict):
-            argv += [f"--{key}.{k}={json.dumps(v)}" for k, v in value.items()]
+        if key in NESTED and isinstance(value, dict):
+            argv += [f"--{key}.{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in value.items()]
         else:
             argv.append(f"--{key}={json.dumps(value) if not isinstance(value, str) else value}")
     loaded, _ = load_recipe(argv, for_run=True)
