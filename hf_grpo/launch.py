@@ -175,6 +175,30 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
     return commands
 
 
+class ProgramNotFound(FileNotFoundError):
+    """A program the launcher needs (accelerate, vllm) is not installed where this Python can see it."""
+
+
+def resolve_program(argv: list[str]) -> list[str]:
+    """``argv`` with its program found on PATH or beside this Python (a venv used without activating it).
+
+    Raises ProgramNotFound naming the program and how to get it.
+    """
+    import shutil
+    import sys
+
+    program = argv[0]
+    if os.sep in program or shutil.which(program):
+        return argv
+    beside = Path(sys.executable).parent / program
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside), *argv[1:]]
+    hint = "pip install -e '.[vllm]' on the GPU machine" if program == "vllm" else f"pip install {program}"
+    raise ProgramNotFound(
+        f"`{program}` is not on PATH nor beside {sys.executable}: activate the environment that has it, or {hint}."
+    )
+
+
 def needs_launcher(recipe) -> bool:
     """Whether ``python -m hf_grpo.train`` must start processes itself instead of training in this process."""
     return not inside_launch() and (recipe.generation.starts_server() or recipe.layout.num_processes > 1)
@@ -188,6 +212,8 @@ def run_launcher(recipe, argv: list[str]) -> int:
     from .generation.server import VLLMServerProcess
 
     commands = plan_commands(recipe, argv)
+    for command in commands:
+        command.argv = resolve_program(command.argv)
     server, child = None, None
 
     def terminate(signum, frame):

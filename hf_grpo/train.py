@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from .launch import inside_launch, needs_launcher, plan_commands, run_launcher
+from .launch import ProgramNotFound, inside_launch, needs_launcher, plan_commands, run_launcher
 from .recipe import SECTIONS, Recipe, RecipeError, apply_env, load_recipe, render_dry_run
 
 
@@ -225,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     apply_env(recipe)
     if needs_launcher(recipe):
-        return run_launcher(recipe, passthrough)
+        try:
+            return run_launcher(recipe, passthrough)
+        except ProgramNotFound as exc:
+            print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
+            return 2
     if recipe.generation.starts_server() and inside_launch():
         print(  # noqa: T201
             "hf_grpo: error: this recipe starts a vLLM server (generation.backend: vllm_server), which needs the "

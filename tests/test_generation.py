@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -273,6 +274,20 @@ COMMON = [
     "--lora_alpha",
     "16",
 ]
+
+
+def test_launcher_finds_programs_beside_python_or_names_the_missing_one(monkeypatch):
+    from hf_grpo.launch import ProgramNotFound, resolve_program
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # a venv used as .venv/bin/python without activating it
+    resolved = resolve_program(["accelerate", "launch", "-m", "hf_grpo.train"])
+    assert resolved[0] == str(Path(sys.executable).parent / "accelerate") and resolved[1:] == [
+        "launch",
+        "-m",
+        "hf_grpo.train",
+    ]
+    with pytest.raises(ProgramNotFound, match=r"`vllm` is not on PATH.*pip install -e '\.\[vllm\]'"):
+        resolve_program(["vllm", "serve", "Qwen/Qwen2.5-Math-1.5B"])
 
 
 def test_launcher_starts_the_server_trains_and_stops_it(policy_dir, tmp_path):
