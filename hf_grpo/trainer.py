@@ -116,11 +116,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._filter_column = None if metric == "reward" else self.reward_func_names.index(metric)
         self._pool = GroupPool()
         self._stream = PromptStream(len(self.train_dataset), self.args.seed) if self.args.dynamic_sampling else None
-        self._keep_digest = hashlib.sha256()
+        self._keep_digest = hashlib.sha256()  # every global keep decision, hashed: tests compare it across ranks
         self._zero_reward_batches = 0
-        self.last_task_eval: tuple[int, float] | None = (
-            None  # (step, held-out accuracy), set by the task evaluator  # running digest of every global keep decision (tests compare ranks)
-        )
+        self.last_task_eval: tuple[int, float] | None = None  # (step, held-out accuracy), set by the task evaluator
 
     # ----------------------------------------------------------------------------------------------------------------
     # Validation

@@ -23,18 +23,38 @@ def test_trl_version_is_the_pinned_minor():
     assert Version("1.16") <= Version(trl.__version__) < Version("1.17"), trl.__version__
 
 
-@pytest.mark.parametrize(
-    "name, expected",
-    [
-        ("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
-        ("_generate", ["self", "prompts"]),
-        ("_generate_and_score_completions", ["self", "inputs"]),
-        ("training_step", ["self", "model", "inputs", "num_items_in_batch"]),
-        ("_prepare_inputs", ["self", "generation_batch"]),
-        ("_save_checkpoint", ["self", "model", "trial"]),
-        ("_load_optimizer_and_scheduler", ["self", "checkpoint"]),
+HOOKS = {
+    "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+    "_generate": ["self", "prompts"],
+    "_generate_single_turn": [
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
     ],
-)
+    "_generate_and_score_completions": ["self", "inputs"],
+    "training_step": ["self", "model", "inputs", "num_items_in_batch"],
+    "_prepare_inputs": ["self", "generation_batch"],
+    "_save_checkpoint": ["self", "model", "trial"],
+    "_load_optimizer_and_scheduler": ["self", "checkpoint"],
+}
+
+
+def test_every_overridden_trl_method_is_pinned_here():
+    overridden = {n for n, v in vars(GRPOTrainer).items() if callable(v) and hasattr(trl.GRPOTrainer, n)}
+    assert overridden - {"__init__"} == set(HOOKS)
+
+
+def test_trl_init_takes_the_arguments_we_pass():
+    # hf_grpo.train builds the trainer with these keywords; our __init__ forwards them to TRL's unchanged.
+    passed = {"model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class", "peft_config"}
+    assert passed <= set(params(trl.GRPOTrainer, "__init__")), set(params(trl.GRPOTrainer, "__init__"))
+    assert "callbacks" in params(trl.GRPOTrainer, "__init__")
+
+
+@pytest.mark.parametrize("name, expected", HOOKS.items())
 def test_overridden_hook_signature(name, expected):
     assert name in GRPOTrainer.__dict__, f"hf_grpo no longer overrides {name}; update this list"
     assert name in trl.GRPOTrainer.__dict__, f"trl.GRPOTrainer no longer defines {name}"
