@@ -77,10 +77,13 @@ async def async_reward(completions, **kwargs) -> list[float]:
 
 
 def hangs_once(completions, marker: str, **kwargs) -> list[float]:
-    """Hangs forever on the first completion it ever sees (it leaves ``marker`` behind), then scores 1.0."""
-    if not os.path.exists(marker):
-        with open(marker, "w"):
-            pass
-        while True:
-            time.sleep(3600)
-    return [1.0] * len(completions)
+    """Hangs forever on the first completion it ever sees (it leaves ``marker`` behind), then scores 1.0.
+
+    The marker is created atomically (O_EXCL): two workers starting at the same moment cannot both win and hang.
+    """
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return [1.0] * len(completions)
+    while True:
+        time.sleep(3600)
