@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .data.loaders import DataArguments, load_eval_dataset
 from .evaluation.core import evaluate
+from .outputs import RECIPE_FILE
 
 
 logger = logging.getLogger("hf_grpo.evaluate")
@@ -31,8 +32,8 @@ logger = logging.getLogger("hf_grpo.evaluate")
 
 def find_recipe(path: Path) -> Path | None:
     for folder in (path, path.parent):
-        if (folder / "recipe.yaml").is_file():
-            return folder / "recipe.yaml"
+        if (folder / RECIPE_FILE).is_file():
+            return folder / RECIPE_FILE
     return None
 
 

@@ -42,15 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .outputs import EVAL_FILE, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
+
 
 logger = logging.getLogger("hf_grpo.hub")
 
-RECIPE_FILE = "recipe.yaml"
-EVAL_FILE = "eval_results.json"
-HISTORY_FILE = "training_history.json"
-PLOT_FILE = "training_curves.png"
-SUMMARY_FILE = "summary.md"
-VERSIONS_FILE = "versions.json"  # optional: library versions recorded at training time, preferred when present
 CARD_FILE = "README.md"
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")

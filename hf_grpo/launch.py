@@ -8,7 +8,6 @@ config's process count (the same thing ``accelerate launch --num_processes`` doe
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,10 +122,6 @@ def accelerate_command(layout: Layout, recipe_args: list[str]) -> list[str]:
         cmd += ["--config_file", shown]
     cmd += ["--num_processes", str(layout.num_processes), "--num_machines", str(layout.num_machines)]
     return cmd + ["-m", "hf_grpo.train", *recipe_args]
-
-
-def format_command(cmd: list[str]) -> str:
-    return " ".join(shlex.quote(part) for part in cmd)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

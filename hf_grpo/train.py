@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from .launch import ProgramNotFound, inside_launch, needs_launcher, plan_commands, run_launcher
+from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
 from .recipe import SECTIONS, Recipe, RecipeError, apply_env, load_recipe, render_dry_run
 
 
@@ -66,9 +67,6 @@ def load_policy(recipe: Recipe):
     return model, tokenizer
 
 
-RECIPE_FILE = "recipe.yaml"
-
-
 def save_recipe(recipe: Recipe) -> None:
     """Copy the resolved recipe (its explicit values and overrides) into ``output_dir`` for provenance and the Hub."""
     import yaml
@@ -80,7 +78,7 @@ def save_recipe(recipe: Recipe) -> None:
     header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
     (out / RECIPE_FILE).write_text(header + yaml.safe_dump(recipe.values, sort_keys=False))
     from .evaluation.history import write_json
-    from .hub import VERSIONS_FILE, library_versions
+    from .hub import library_versions
 
     write_json(out / VERSIONS_FILE, library_versions())
 
@@ -104,7 +102,7 @@ def run(recipe: Recipe) -> dict:
 
     from .data import load_grpo_datasets
     from .evaluation.history import HistoryCallback, write_json
-    from .evaluation.report import EVAL_FILE, write_report
+    from .evaluation.report import write_report
     from .evaluation.tasks import TaskEvaluator
     from .rewards import load_reward_funcs
     from .trainer import GRPOTrainer

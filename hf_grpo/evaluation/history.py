@@ -13,8 +13,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-
-HISTORY_FILE = "training_history.json"
+from ..outputs import HISTORY_FILE
 
 
 def write_json(path: str | Path, data) -> None:

@@ -14,12 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..outputs import EVAL_FILE, PLOT_FILE, SUMMARY_FILE
 from .history import read_history
-
-
-PLOT_FILE = "training_curves.png"
-SUMMARY_FILE = "summary.md"
-EVAL_FILE = "eval_results.json"
 
 
 def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:

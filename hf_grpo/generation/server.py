@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import requests
+from .vllm_client import VLLMServerClient
 
 
 logger = logging.getLogger(__name__)
@@ -49,20 +49,21 @@ class VLLMServerProcess:
         log.close()
 
     def wait_healthy(self) -> None:
+        client = VLLMServerClient(self.url, connect_timeout=5.0, request_timeout=5.0)
         deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(
-                    f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
-                    f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            try:
-                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise ServerStartError(
+                        f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
+                        f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                if client.health():
                     logger.info("vLLM server healthy at %s", self.url)
                     return
-            except requests.RequestException:
-                pass
-            time.sleep(1.0)
+                time.sleep(1.0)
+        finally:
+            client.close()
         raise ServerStartError(
             f"the vLLM server at {self.url} was not healthy after {self.timeout_s:.0f} s (generation.server_timeout). "
             f"Check {self.log_path} (model download, GPU memory: generation.gpu_memory_utilization, port in use). "
