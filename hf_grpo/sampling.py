@@ -151,17 +151,22 @@ class PromptStream:
     seed: int
     epoch: int = 0
     cursor: int = 0
+    # The current epoch's permutation, derived from (seed, epoch) and kept between calls: drawing it anew each round
+    # costs ~0.8 s on a 14M-row dataset.
+    _order_cache: tuple[int, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
-    def _order(self) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.size, generator=generator).tolist()
+    def _order(self) -> torch.Tensor:
+        if self._order_cache is None or self._order_cache[0] != self.epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            self._order_cache = (self.epoch, torch.randperm(self.size, generator=generator))  # [size]
+        return self._order_cache[1]
 
     def next(self, n: int) -> list[int]:
         """The next ``n`` indices (wrapping into a new shuffled epoch when needed)."""
         out: list[int] = []
         while len(out) < n:
             order = self._order()
-            take = order[self.cursor : self.cursor + n - len(out)]
+            take = order[self.cursor : self.cursor + n - len(out)].tolist()
             out += take
             self.cursor += len(take)
             if self.cursor >= self.size:
