@@ -1,12 +1,11 @@
 """Embedded GSM8K-style arithmetic word problems, generated in code.
 
-The default run needs a task that a ~100k-parameter model can learn on a laptop CPU in minutes, with no download.
+The default run needs a task that a ~0.5M-parameter model can learn on a laptop CPU in minutes, with no download.
 Each problem is a one-step word problem whose solution follows GSM8K's convention: a worked line, then the final
 answer after ``####``::
 
     >>> from hf_grpo.data.arithmetic import make_problem
     >>> import random
-import zlib
     >>> p = make_problem(random.Random(0))
     >>> p["answer"].splitlines()[-1].startswith("#### ")
     True
@@ -20,8 +19,6 @@ from __future__ import annotations
 
 import random
 import zlib
-
-from datasets import Dataset
 
 
 NAMES = ["Tom", "Ana", "Sam", "Mia", "Leo", "Ivy", "Max", "Zoe"]
@@ -65,16 +62,6 @@ def make_split(split: str, n: int, seed: int) -> list[dict]:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     rng = random.Random(f"{split}-{seed}")
     return [make_problem(rng, split) for _ in range(n)]
-
-
-def to_prompt_dataset(problems: list[dict]) -> Dataset:
-    """Conversational prompt dataset in the shape GRPOTrainer reads: ``prompt`` plus the gold ``solution``."""
-    return Dataset.from_list(
-        [
-            {"prompt": [{"role": "user", "content": p["question"]}], "solution": p["solution"], "answer": p["answer"]}
-            for p in problems
-        ]
-    )
 
 
 def corpus(n: int = 2000, seed: int = 0) -> list[str]:
