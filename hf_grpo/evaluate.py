@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .data.loaders import DataArguments, load_eval_dataset
 from .evaluation.core import evaluate
+from .launch import apply_thread_policy
 from .outputs import RECIPE_FILE
 
 
@@ -194,6 +195,7 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     args = parse_args(argv)
+    apply_thread_policy()  # the same per-process thread count as training, so the same numbers
     if not Path(args.model).expanduser().exists() and args.model.startswith(("./", "/", "../", "~")):
         print(f"hf_grpo.evaluate: error: {args.model} does not exist", file=sys.stderr)  # noqa: T201
         return 2

@@ -124,6 +124,28 @@ def accelerate_command(layout: Layout, recipe_args: list[str]) -> list[str]:
     return cmd + ["-m", "hf_grpo.train", *recipe_args]
 
 
+def torch_threads() -> int:
+    """CPU threads torch uses in each process: ``OMP_NUM_THREADS`` when set, else 1.
+
+    ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless it is set, so ``python -m hf_grpo.train``, ``train()`` in
+    a notebook and ``accelerate launch`` all compute with the same thread count, hence the same floating-point path.
+    Several processes sharing a small machine also stop oversubscribing its cores. ``OMP_NUM_THREADS=N`` in the
+    environment raises it for every entry point alike.
+    """
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return max(int(value), 1) if value.isdigit() else 1
+
+
+def apply_thread_policy() -> int:
+    """Set torch's intra-op thread count to ``torch_threads()``; returns it."""
+    import torch
+
+    threads = torch_threads()
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The launcher: `python -m hf_grpo.train RECIPE` starts the vLLM server (if the recipe asks for one) and accelerate.
 

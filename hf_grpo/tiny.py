@@ -27,6 +27,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from .data.arithmetic import corpus, make_split
+from .evaluation.core import prompt_token_ids
 
 
 logger = logging.getLogger(__name__)
@@ -95,21 +96,38 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: 
     return model
 
 
-def _sft_example(tokenizer, question: str, answer: str) -> tuple[list[int], int]:
-    prompt_ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    completion_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return list(prompt_ids) + completion_ids, len(prompt_ids)
+def _sft_example(tokenizer, prompt, completion: str) -> tuple[list[int], int]:
+    prompt_ids = prompt_token_ids(tokenizer, prompt)
+    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt_ids + completion_ids, len(prompt_ids)
+
+
+def arithmetic_examples(n_problems: int = 4000, seed: int = 0) -> list[tuple[list[dict], str]]:
+    """(chat prompt, GSM8K-style answer) pairs of the embedded train split: the default warm-start data."""
+    return [
+        ([{"role": "user", "content": p["question"]}], p["answer"]) for p in make_split("train", n_problems, seed)
+    ]
 
 
 def warm_start(
-    model, tokenizer, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0, n_problems: int = 4000
+    model,
+    tokenizer,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    n_problems: int = 4000,
+    examples: list[tuple] | None = None,
 ) -> list[float]:
-    """Supervised steps on train-split problems (loss on completion tokens only). Returns the loss per step."""
+    """Supervised steps (loss on completion tokens only). Returns the loss per step.
+
+    ``examples`` are ``(prompt, completion)`` pairs, the prompt a message list or plain text, tokenized as GRPOTrainer
+    tokenizes prompts; by default the embedded arithmetic train split in chat form (``arithmetic_examples``).
+    """
     if steps <= 0:
         return []
-    examples = [_sft_example(tokenizer, p["question"], p["answer"]) for p in make_split("train", n_problems, seed)]
+    pairs = examples if examples is not None else arithmetic_examples(n_problems, seed)
+    examples = [_sft_example(tokenizer, prompt, completion) for prompt, completion in pairs]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()

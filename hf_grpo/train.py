@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from .launch import ProgramNotFound, inside_launch, needs_launcher, plan_commands, run_launcher
+from .launch import ProgramNotFound, apply_thread_policy, inside_launch, needs_launcher, plan_commands, run_launcher
 from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
 from .recipe import SECTIONS, Recipe, RecipeError, apply_env, load_recipe, render_dry_run
 
@@ -107,6 +107,7 @@ def run(recipe: Recipe) -> dict:
     from .rewards import load_reward_funcs
     from .trainer import GRPOTrainer
 
+    logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
     args = recipe.training
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False

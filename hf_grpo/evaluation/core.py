@@ -36,7 +36,8 @@ class EvalResult:
         return out
 
 
-def _prompt_ids(tokenizer, prompt) -> list[int]:
+def prompt_token_ids(tokenizer, prompt) -> list[int]:
+    """Token ids of a prompt exactly as GRPOTrainer builds them: chat template for a message list, plain text as is."""
     if isinstance(prompt, str):
         return tokenizer(prompt, add_special_tokens=False)["input_ids"]
     return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -59,7 +60,7 @@ def generate(
     device = next(model.parameters()).device
     outputs: list[list[str]] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = [_prompt_ids(tokenizer, p) for p in prompts[start : start + batch_size]]
+        chunk = [prompt_token_ids(tokenizer, p) for p in prompts[start : start + batch_size]]
         width = max(len(ids) for ids in chunk)
         input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
         attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
