@@ -104,9 +104,7 @@ def _sft_example(tokenizer, prompt, completion: str) -> tuple[list[int], int]:
 
 def arithmetic_examples(n_problems: int = 4000, seed: int = 0) -> list[tuple[list[dict], str]]:
     """(chat prompt, GSM8K-style answer) pairs of the embedded train split: the default warm-start data."""
-    return [
-        ([{"role": "user", "content": p["question"]}], p["answer"]) for p in make_split("train", n_problems, seed)
-    ]
+    return [([{"role": "user", "content": p["question"]}], p["answer"]) for p in make_split("train", n_problems, seed)]
 
 
 def warm_start(
