@@ -1,0 +1,1 @@
+"""vLLM's utilities; the stand-in has ``network_utils`` only."""
