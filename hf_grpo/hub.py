@@ -7,10 +7,11 @@
 What goes up (one commit): the adapter (``adapter_model.safetensors``, ``adapter_config.json``) or, for a full
 fine-tune, the model weights and config; the tokenizer files; the run's ``recipe.yaml``, ``eval_results.json``,
 ``training_history.json``, ``training_curves.png`` and ``summary.md``; and ``README.md``, a model card written from
-those files (what was trained and how, the before/after held-out table, the plot, the library versions, the full
-recipe, how to load it). Nothing else: no ``checkpoint-*/``, ``vllm_adapters/``, ``base_model/`` (the embedded tiny
-model's locally built base), optimizer states, ``*.bin`` or other pickles, and not the ``README.md`` that PEFT
-leaves in the output directory. With ``--merged`` the adapter is folded into its base model
+those files (what was trained and how, the before/after held-out table with the paired difference, its 95% interval
+and the right -> wrong / wrong -> right counts, the plot, the library versions, the full recipe, how to load it).
+Nothing else: no ``checkpoint-*/``, ``vllm_adapters/``, ``base_model/`` (the embedded tiny model's locally built
+base), optimizer states, ``*.bin`` or other pickles, and not the ``README.md`` that PEFT leaves in the output
+directory. With ``--merged`` the adapter is folded into its base model
 (``merge_and_unload``) and the merged ``model.safetensors`` goes up instead of the adapter.
 
 The token comes only from the environment (``HF_TOKEN``, or ``HUGGING_FACE_HUB_TOKEN``, the names huggingface_hub
@@ -308,6 +309,12 @@ def model_card(output_dir: str | Path, repo_id: str, *, merged: bool = False) ->
     adapter_config = _read_json(out / "adapter_config.json")
     results = _read_json(out / EVAL_FILE)
     history = _read_json(out / HISTORY_FILE) or []
+    has_eval = isinstance(results, dict) and "before" in results and "after" in results
+    gain = None
+    if has_eval:
+        from .evaluation.report import read_gain
+
+        gain = read_gain(out, results)
     versions, recorded = _recorded_versions(out)
     base_short, base_text, base_id = _base_description(values, adapter_config)
     _, dataset_id, task = _dataset_task(values, defaults)
@@ -336,11 +343,14 @@ def model_card(output_dir: str | Path, repo_id: str, *, merged: bool = False) ->
         "rest of its group) to solve math word problems, with hf_grpo, a recipe-driven trainer built on "
         "[TRL](https://github.com/huggingface/trl)'s `GRPOTrainer`."
     )
-    if results and "before" in results and "after" in results:
+    if has_eval:
+        from .evaluation.report import gain_interval
+
+        paired = f", a paired difference of {gain_interval(gain)}" if gain is not None else ""
         lines.append("")
         lines.append(
             f"On {results['after']['total']} held-out problems, greedy-decoded, accuracy went from "
-            f"{results['before']['accuracy']:.1%} before training to {results['after']['accuracy']:.1%} after."
+            f"{results['before']['accuracy']:.1%} before training to {results['after']['accuracy']:.1%} after{paired}."
         )
     lines.append("")
 
@@ -391,8 +401,8 @@ def model_card(output_dir: str | Path, repo_id: str, *, merged: bool = False) ->
 
     # Results
     lines += ["## Held-out accuracy", ""]
-    if results and "before" in results and "after" in results:
-        from .evaluation.report import eval_table
+    if has_eval:
+        from .evaluation.report import eval_table, gain_sentence
 
         grading = f" A completion counts as correct when {GRADING[task]}." if task in GRADING else ""
         lines += [
@@ -401,9 +411,11 @@ def model_card(output_dir: str | Path, repo_id: str, *, merged: bool = False) ->
                 f"{grading} *Before* is the starting policy, *after* is this model."
             ),
             "",
-            eval_table(results),
+            eval_table(results, gain),
             "",
         ]
+        if gain is not None:
+            lines += [gain_sentence(gain), ""]
     else:
         lines += ["This run recorded no before/after evaluation (`eval_results.json` is missing).", ""]
 
@@ -411,7 +423,11 @@ def model_card(output_dir: str | Path, repo_id: str, *, merged: bool = False) ->
         lines += [
             "## Training curves",
             "",
-            "Mean reward per step, train vs held-out accuracy, policy loss, and the per-step reward range:",
+            (
+                "Mean reward per step, train vs held-out accuracy"
+                + (" (with the before -> after difference and its 95% interval)" if gain is not None else "")
+                + ", policy loss, and the per-step reward range:"
+            ),
             "",
             f"![training curves]({PLOT_FILE})",
             "",

@@ -7,3 +7,4 @@ HISTORY_FILE = "training_history.json"  # one record per logged step (hf_grpo.ev
 EVAL_FILE = "eval_results.json"  # held-out accuracy before and after training (hf_grpo.train)
 PLOT_FILE = "training_curves.png"  # the four-panel plot (hf_grpo.evaluation.report)
 SUMMARY_FILE = "summary.md"  # the Markdown summary (hf_grpo.evaluation.report)
+EVAL_RECORDS = "eval_{label}.jsonl"  # per-problem held-out records, label before / after / stepN (evaluation.tasks)

@@ -15,6 +15,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
+from ..outputs import EVAL_RECORDS
 from .core import evaluate
 
 
@@ -54,7 +55,7 @@ class TaskEvaluator:
         summary = {"accuracy": counts["correct"] / n if n else 0.0, **counts, "total": n}
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.output_dir / f"eval_{label}.jsonl", "w") as f:
+            with open(self.output_dir / EVAL_RECORDS.format(label=label), "w") as f:
                 for record in records:
                     f.write(json.dumps(record) + "\n")
             logger.info(
