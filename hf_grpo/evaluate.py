@@ -22,7 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .data.loaders import DataArguments, load_eval_dataset
+from .data.loaders import DataArguments, eval_grader, load_eval_dataset
 from .evaluation.core import evaluate
 from .launch import apply_thread_policy
 from .outputs import RECIPE_FILE
@@ -157,7 +157,7 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
     dataset = load_eval_dataset(data, seed=seed, split=args.split)
     if args.max_samples is not None:
         dataset = dataset.select(range(min(args.max_samples, len(dataset))))
-    task = data.resolved(data.eval_dataset_name)["task"] if data.eval_dataset_name else data.resolved()["task"]
+    task = eval_grader(data)  # the training run's grader: r1_zero's answer tag for an r1_zero prompt
     logger.info(
         "evaluating %s on %d problems (task %s, %s)",
         args.model,

@@ -79,6 +79,12 @@ class Layout:
     accelerate_config: Path | None
     zero_stage: int | None = None
     offload_optimizer: str | None = None
+    mixed_precision: str | None = None  # the accelerate config's
+
+    @property
+    def name(self) -> str | None:
+        """The accelerate config's name as a recipe writes it (``zero3``), or None without one."""
+        return self.accelerate_config.stem if self.accelerate_config is not None else None
 
     def describe(self) -> str:
         engine = self.distributed_type
@@ -110,18 +116,32 @@ def resolve_layout(args: LaunchArguments, base_dir: Path | None = None) -> Layou
         accelerate_config=path,
         zero_stage=ds.get("zero_stage"),
         offload_optimizer=ds.get("offload_optimizer_device"),
+        mixed_precision=config.get("mixed_precision"),
     )
 
 
-def accelerate_command(layout: Layout, recipe_args: list[str]) -> list[str]:
-    """The ``accelerate launch`` command that runs this recipe with its layout."""
+def accelerate_command(layout: Layout, recipe_args: list[str], extra: list[str] = ()) -> list[str]:
+    """The ``accelerate launch`` command that runs this recipe with its layout (``extra``: more launch flags)."""
     cmd = ["accelerate", "launch"]
     if layout.accelerate_config is not None:
         path = Path(layout.accelerate_config).resolve()
         shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
         cmd += ["--config_file", shown]
-    cmd += ["--num_processes", str(layout.num_processes), "--num_machines", str(layout.num_machines)]
+    elif layout.num_processes > 1:
+        # without a config, accelerate starts several processes only where it sees several GPUs; --multi_gpu is its
+        # torchrun launcher (on a CPU machine hf_grpo's config then trains over gloo, as accelerate_configs/cpu.yaml)
+        cmd.append("--multi_gpu")
+    cmd += ["--num_processes", str(layout.num_processes), "--num_machines", str(layout.num_machines), *extra]
     return cmd + ["-m", "hf_grpo.train", *recipe_args]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def torch_threads() -> int:
@@ -157,6 +177,7 @@ class Command:
     role: str  # "server" or "train"
     env: dict[str, str]
     argv: list[str]
+    url: str | None = None  # the server's
 
     def __str__(self) -> str:
         from .generation.layout import format_env_command
@@ -170,11 +191,29 @@ def inside_launch() -> bool:
 
 
 def plan_commands(recipe, argv: list[str]) -> list[Command]:
-    """The processes a recipe runs: the vLLM server (when it starts one) and the training launch."""
+    """The processes a recipe runs: the vLLM server (when it starts one) and the training launch.
+
+    A miniature (``recipe.miniature``) launches on this machine only: its accelerate flags (``--mixed_precision no``
+    on a CPU), free ports instead of the recipe's, the vLLM stand-in on the training processes' path, and a recipe
+    for several machines becomes one launch per simulated machine (``--machine_rank``), all on 127.0.0.1.
+    """
+    import dataclasses
+
     from .generation.layout import server_command, training_gpus
 
     gen, model, commands, train_env = recipe.generation, recipe.model, [], {}
-    train_argv = list(argv)
+    mini = recipe.miniature
+    train_argv, extra = list(argv), list(mini.accelerate_args) if mini is not None else []
+    if mini is not None:
+        extra += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]
+        if gen.starts_server():
+            gen = dataclasses.replace(gen, port=free_port())
+        if mini.trl_cpu_weight_transfer and "vllm_group_port" not in recipe.values:
+            train_argv += ["--vllm_group_port", str(free_port())]  # TRL's default 51216 would clash between runs
+        if mini.vllm_standin:
+            from .miniature.vllm_standin import STANDIN_DIR
+
+            train_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STANDIN_DIR), os.environ.get("PYTHONPATH")]))
     if gen.starts_server():
         sync = gen.sync_mode(model.use_peft)
         cmd, env = server_command(
@@ -185,10 +224,13 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
             model.dtype,
             gen.seed if gen.seed is not None else recipe.training.seed,
         )
-        commands.append(Command("server", env, cmd))
+        commands.append(Command("server", env, cmd, url=gen.url))
         train_argv += ["--generation.base_url", gen.url]
         train_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, training_gpus(gen, recipe.layout.num_processes)))
-    commands.append(Command("train", train_env, accelerate_command(recipe.layout, train_argv)))
+    machines = recipe.layout.num_machines if mini is not None else 1
+    for rank in range(machines):
+        ranked = [*extra, "--machine_rank", str(rank)] if machines > 1 else extra
+        commands.append(Command("train", train_env, accelerate_command(recipe.layout, train_argv, ranked)))
     return commands
 
 
@@ -222,7 +264,7 @@ def needs_launcher(recipe) -> bool:
 
 
 def run_launcher(recipe, argv: list[str]) -> int:
-    """Start the server (if any), wait for it, run the training launch, and stop the server whatever happens."""
+    """Start the server (if any), wait for it, run the training launch(es), and stop everything whatever happens."""
     import signal
     import subprocess
 
@@ -231,7 +273,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
     commands = plan_commands(recipe, argv)
     for command in commands:
         command.argv = resolve_program(command.argv)
-    server, child = None, None
+    server, children = None, []
 
     def terminate(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -242,16 +284,18 @@ def run_launcher(recipe, argv: list[str]) -> int:
             if command.role == "server":
                 log = Path(recipe.training.output_dir) / "vllm_server.log"
                 server = VLLMServerProcess(
-                    command.argv, command.env, recipe.generation.url, log, recipe.generation.server_timeout
+                    command.argv, command.env, command.url, log, recipe.generation.server_timeout
                 )
                 server.__enter__()
             else:
-                child = subprocess.Popen(command.argv, env={**os.environ, **command.env, LAUNCHED_ENV: "1"})
-                return child.wait()
-        return 0
+                env = {**os.environ, **command.env, LAUNCHED_ENV: "1"}
+                children.append(subprocess.Popen(command.argv, env=env))
+        return _wait_all(children)
     except KeyboardInterrupt:
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGINT)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+        for child in children:
             try:
                 child.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -261,3 +305,22 @@ def run_launcher(recipe, argv: list[str]) -> int:
         if server is not None:
             server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _wait_all(children) -> int:
+    """Wait for every training launch; when one fails, stop the others (a simulated machine would wait forever)."""
+    import time
+
+    while True:
+        codes = [child.poll() for child in children]
+        failed = [code for code in codes if code not in (None, 0)]
+        if failed:
+            for child, code in zip(children, codes, strict=True):
+                if code is None:
+                    child.terminate()
+            for child in children:
+                child.wait()
+            return failed[0]
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.5)

@@ -33,7 +33,9 @@ import yaml
 from .config import HfGRPOConfig, ModelArguments
 from .data.loaders import DataArguments, is_local_file
 from .generation.layout import GenerationArguments, check_generation, trl_fields
-from .launch import LaunchArguments, Layout, resolve_layout, shipped_dir
+from .hardware import MINIATURE_HINT, hardware_problems
+from .launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
+from .miniature import Miniature
 from .rewards import RewardArguments, RewardLoadError, resolve_reward
 
 
@@ -46,7 +48,7 @@ SECTIONS = {
 }
 NESTED = {"generation": GenerationArguments}  # sections written as a YAML mapping (``generation: {backend: ...}``)
 DEFAULT_RECIPE = "tiny.yaml"
-FLAGS = {"dry_run", "help"}
+FLAGS = {"dry_run", "help", "miniature"}
 
 # String fields of TRL whose accepted values TRL only checks once the trainer is built.
 KNOWN_CHOICES = {
@@ -149,6 +151,8 @@ class Recipe:
     plan: BatchPlan
     generation: GenerationArguments = field(default_factory=GenerationArguments)
     env: dict[str, str] = field(default_factory=dict)
+    miniature: Miniature | None = None  # set by --miniature: what was swapped (hf_grpo.miniature)
+    hardware: list[str] = field(default_factory=list)  # what this machine cannot run (reported by --dry-run)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -344,12 +348,13 @@ def _check_env(env: Any, where: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
-def _check_files(values: dict, base_dir: Path, where: str) -> None:
+def _check_files(values: dict, base_dir: Path, where: str, built_later: set[str] = frozenset()) -> None:
     dataset = values.get("dataset_name")
     if isinstance(dataset, str) and is_local_file(dataset) and not Path(dataset).expanduser().is_file():
         raise RecipeError(f"{where}: dataset_name: local file {dataset!r} does not exist")
     model = values.get("model_name_or_path")
-    if isinstance(model, str) and model.startswith(("./", "../", "/", "~")) and not Path(model).expanduser().exists():
+    local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
+    if local and model not in built_later and not Path(model).expanduser().exists():
         raise RecipeError(f"{where}: model_name_or_path: local path {model!r} does not exist")
     deepspeed = values.get("deepspeed")
     if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
@@ -366,6 +371,46 @@ def _check_files(values: dict, base_dir: Path, where: str) -> None:
     unknown = set(kwargs) - set(values.get("reward_funcs") or RewardArguments().reward_funcs)
     if unknown:
         raise RecipeError(f"{where}: reward_kwargs names {sorted(unknown)}, which are not in reward_funcs")
+
+
+def _check_data(data: DataArguments, where: str) -> None:
+    """The grader and the columns of the dataset are known before anything loads."""
+    from .rewards.grading import TASKS
+
+    if data.dataset_streaming:
+        raise RecipeError(
+            f"{where}: dataset_streaming is not supported; use max_train_samples to bound a large dataset"
+        )
+    for name in filter(None, (data.dataset_name, data.eval_dataset_name)):
+        spec = data.resolved(None if name == data.dataset_name else name)
+        if spec["task"] not in TASKS:
+            raise RecipeError(
+                f"{where}: dataset {name!r} needs task: one of {list(TASKS)} (how gold answers are graded); "
+                f"got {spec['task']!r}"
+            )
+        for key in ("prompt_column", "solution_column"):
+            if spec[key] is None:
+                raise RecipeError(f"{where}: dataset {name!r} has no preset, so set {key} (the column name)")
+
+
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def _check_precision(values: dict, model: ModelArguments, layout: Layout, where: str) -> None:
+    """Full fine-tuning of half-precision weights needs fp32 master weights, which only DeepSpeed keeps.
+
+    Plain AdamW (or FSDP2, which keeps the loaded dtype) steps bf16 parameters in place: an update smaller than half
+    a bf16 ulp of the weight (~0.4% of its value) rounds away, so at a fine-tuning learning rate most updates are
+    lost. LoRA adapters are created in fp32 by PEFT, so a LoRA recipe may load a bf16 base.
+    """
+    if model.use_peft or model.dtype not in HALF_DTYPES or layout.distributed_type == "DEEPSPEED":
+        return
+    raise RecipeError(
+        f"{where}: dtype: {model.dtype} with use_peft: false trains {model.dtype} weights without fp32 master "
+        f"weights (only DeepSpeed keeps them), so updates smaller than the weights' rounding step are lost; set "
+        f"dtype: float32 and keep bf16: true (mixed precision: bf16 compute, fp32 weights and optimizer), or use a "
+        "DeepSpeed accelerate_config"
+    )
 
 
 def batch_plan(values: dict, num_processes: int, where: str) -> BatchPlan:
@@ -431,13 +476,13 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
-def _section_values(values: dict, section: str) -> dict:
+def section_values(values: dict, section: str) -> dict:
     index = field_index()
     return {k: v for k, v in values.items() if k in index and index[k][0] == section}
 
 
 def _build(section: str, values: dict, where: str):
-    cls, kwargs = SECTIONS[section], _section_values(values, section)
+    cls, kwargs = SECTIONS[section], section_values(values, section)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
@@ -450,7 +495,7 @@ def _validation_training_values(values: dict, plan: BatchPlan) -> dict:
     TRL derives the generation batch from the current world size (1 here); the recipe's own layout is checked by
     ``batch_plan``, so the copy gets the planned generation batch directly.
     """
-    checked = _section_values(values, "training")
+    checked = section_values(values, "training")
     checked.update(bf16=False, fp16=False, use_cpu=True, deepspeed=None, fsdp=None, use_vllm=False)
     checked.update(generation_batch_size=plan.completions_per_generation, steps_per_generation=None)
     checked.pop("fsdp_config", None)
@@ -499,16 +544,29 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             parsed = raw  # a string field given something YAML reads as another type, e.g. `--run_name 2024`
         values[key] = check_value(key, parsed, hint, f, f"command line --{key}")
 
-    _check_files(values, path.parent, where)
+    miniature = None
+    if "miniature" in flags:
+        from .miniature import miniaturize
+
+        try:
+            values, nested["generation"], miniature = miniaturize(values, nested["generation"], set(raw_overrides))
+        except ValueError as exc:
+            raise RecipeError(f"{where}: --miniature: {exc}") from None
+        where = f"{where} (miniature)"
+    built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
+    _check_files(values, path.parent, where, built_later)
     launch = _build("launch", values, where)
     try:
         layout = resolve_layout(launch, path.parent)
     except FileNotFoundError as exc:
         raise RecipeError(f"{where}: {exc}") from None
+    if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
+        layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     plan = batch_plan(values, layout.num_processes, where)
     model = _build("model", values, where)
     data_args = _build("data", values, where)
     rewards = _build("rewards", values, where)
+    _check_data(data_args, where)
     reward_names = [n.rpartition(":")[2] for n in rewards.reward_funcs]
     metric = values.get("dynamic_sampling_metric", "reward")
     if metric != "reward" and metric not in reward_names:
@@ -532,17 +590,34 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     problems = check_generation(generation, model.use_peft, model.lora_r, set(values))
     if problems:
         raise RecipeError(f"{where}: " + "; ".join(problems))
+    _check_precision(values, model, layout, where)
+    defaults = {k: f.default for k, (_, f, _) in field_index().items() if f.default is not dataclasses.MISSING}
+    hardware = hardware_problems(values, defaults, layout, generation, vllm_standin=miniature is not None)
+    if hardware and for_run:
+        hint = "" if miniature is not None else f"; {MINIATURE_HINT}"
+        raise RecipeError(f"{where}: this machine cannot run it: " + " | ".join(hardware) + hint)
 
-    training_values = _section_values(values, "training") if for_run else _validation_training_values(values, plan)
+    # The config trains only in the process that runs it: a dry run, or the launcher of several processes (whose
+    # world size is not the run's), checks it with the planned batch and hardware-bound settings neutralised.
+    trains_here = for_run and (inside_launch() or layout.num_processes == 1)
+    training_values = section_values(values, "training") if trains_here else _validation_training_values(values, plan)
     generated = trl_fields(generation, model.use_peft)
-    training_values.update(generated if for_run else {k: v for k, v in generated.items() if k != "use_vllm"})
+    training_values.update(generated if trains_here else {k: v for k, v in generated.items() if k != "use_vllm"})
     try:
         training = HfGRPOConfig(**training_values)
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{where}: {exc}") from None
     if nested["generation"]:
         values["generation"] = nested["generation"]
-    recipe = Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, generation, env)
+    recipe = Recipe(
+        path, values, model, data_args, rewards, launch, training, layout, plan, generation, env, miniature, hardware
+    )
+    if miniature is not None:
+        recipe.env = {**miniature.env, **env}
+        if for_run and miniature.assets is not None:
+            from .miniature.assets import ensure_assets
+
+            ensure_assets(miniature.assets)
     return recipe, flags
 
 
@@ -554,8 +629,11 @@ def apply_env(recipe: Recipe) -> None:
 def _generation_lines(recipe: Recipe) -> list[str]:
     gen = recipe.generation
     if gen.backend is None:
-        trl = recipe.training
-        engine = f"TRL vLLM ({trl.vllm_mode})" if trl.use_vllm else "transformers, in the training processes"
+        # from the recipe's values: a dry run checks the training config with vLLM switched off
+        defaults = field_index()
+        use_vllm = recipe.values.get("use_vllm", defaults["use_vllm"][1].default)
+        mode = recipe.values.get("vllm_mode", defaults["vllm_mode"][1].default)
+        engine = f"TRL vLLM ({mode})" if use_vllm else "transformers, in the training processes"
         return [f"generation: {engine}"]
     if gen.backend != "vllm_server":
         return [f"generation: {gen.backend}"]
@@ -604,4 +682,9 @@ def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
         "commands:",
         *[f"  {c}" for c in commands],
     ]
+    if recipe.miniature is not None:
+        out += ["", *recipe.miniature.describe()]
+    if recipe.hardware:
+        out += ["", "this machine cannot run it as written (a real run exits with code 2):"]
+        out += [f"  - {problem}" for problem in recipe.hardware]
     return "\n".join(out)

@@ -41,8 +41,8 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
-def build_tokenizer(vocab_size: int = 400, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the arithmetic corpus; deterministic for a given ``seed``.
+def build_tokenizer(vocab_size: int = 400, seed: int = 0, texts: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on the arithmetic corpus (or on ``texts``); deterministic for a given ``seed``.
 
     It splits text exactly as Qwen2's tokenizer does (NFC, Qwen2's pre-tokenization regex: one token per digit),
     so ``AutoTokenizer`` loading the saved model directory, which picks ``Qwen2Tokenizer`` for a ``qwen2`` config,
@@ -63,7 +63,9 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0) -> PreTrainedTokenizer
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(seed=seed) + ["user\n", "assistant\n"] * 50, trainer=trainer)
+    if texts is None:
+        texts = corpus(seed=seed) + ["user\n", "assistant\n"] * 50
+    tok.train_from_iterator(texts, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

@@ -3,6 +3,7 @@
     accelerate launch -m hf_grpo.train recipes/qwen7b.yaml          # a recipe (positional, or --config PATH)
     accelerate launch -m hf_grpo.train                              # the embedded tiny default (recipes/tiny.yaml)
     python -m hf_grpo.train recipes/qwen7b.yaml --dry-run           # check it and print layout and batch arithmetic
+    python -m hf_grpo.train recipes/qwen7b.yaml --miniature         # run it on this machine in miniature (CPU)
     python -m hf_grpo.train recipes/tiny.yaml --learning_rate 1e-3  # override any key on the command line
 
 A run loads the policy (or builds and warm-starts the embedded tiny model), the datasets and the reward functions,
@@ -98,9 +99,14 @@ def resume_target(args) -> str | bool | None:
 
 def run(recipe: Recipe) -> dict:
     """Train the recipe; returns the before/after evaluation (empty when disabled)."""
+    if recipe.miniature is not None:  # before TRL's generation modules are imported: they look for vllm once
+        from .miniature import activate
+
+        activate(recipe.miniature)
     from trl import get_peft_config
 
     from .data import load_grpo_datasets
+    from .data.loaders import eval_grader
     from .evaluation.history import HistoryCallback, write_json
     from .evaluation.report import write_report
     from .evaluation.tasks import TaskEvaluator
@@ -114,12 +120,8 @@ def run(recipe: Recipe) -> dict:
     save_recipe(recipe)
     model, tokenizer = load_policy(recipe)
     train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
-    task = recipe.data.resolved()["task"]
-    evaluator = TaskEvaluator(eval_dataset, task, args) if eval_dataset is not None else None
+    evaluator = TaskEvaluator(eval_dataset, eval_grader(recipe.data), args) if eval_dataset is not None else None
     results = {}
-    if evaluator is not None and args.eval_before_after:
-        results["before"] = evaluator.run(model, tokenizer, label="before")
-
     generator = None
     gen = recipe.generation
     if gen.backend == "vllm_server" and gen.sync_mode(recipe.model.use_peft) == "lora":
@@ -148,6 +150,10 @@ def run(recipe: Recipe) -> dict:
     logger.info(
         "training on %d process(es), %s, device %s", state.num_processes, state.distributed_type.value, state.device
     )
+    if evaluator is not None and args.eval_before_after:
+        # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
+        # shards, and only the trainer's unwrap gathers them for generation.
+        results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
     if evaluator is not None and args.task_eval_steps > 0:
         trainer.add_callback(evaluator.callback(trainer))
     trainer.train(resume_from_checkpoint=resume_target(args))
@@ -157,6 +163,7 @@ def run(recipe: Recipe) -> dict:
         results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
     if trainer.accelerator.is_main_process:
         if results:
+            results["gain"] = paired_gain_of_run(args.output_dir)
             write_json(Path(args.output_dir) / EVAL_FILE, results)
             logger.info(
                 "held-out accuracy: before %.3f, after %.3f",
@@ -179,6 +186,17 @@ def run(recipe: Recipe) -> dict:
     return results
 
 
+def paired_gain_of_run(output_dir: str) -> dict | None:
+    """The paired before/after difference with its 95% interval, from the run's per-problem records."""
+    from .evaluation.stats import gain_from_run
+
+    try:
+        return gain_from_run(output_dir)
+    except ValueError as exc:  # records that cannot be paired: the report leaves the interval out
+        logger.warning("no paired before/after interval: %s", exc)
+        return None
+
+
 def train(recipe: str | None = None, **overrides) -> dict:
     """Run a recipe from Python (a notebook, a script): ``train("recipes/tiny.yaml", max_steps=30)``.
 
@@ -195,15 +213,25 @@ def train(recipe: str | None = None, **overrides) -> dict:
             argv += [f"--{key}.{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in value.items()]
         else:
             argv.append(f"--{key}={json.dumps(value) if not isinstance(value, str) else value}")
+    apply_thread_policy()
     loaded, _ = load_recipe(argv, for_run=True)
     apply_env(loaded)
     return run(loaded)
+
+
+FLAG_HELP = """
+flags:
+  --dry-run     check the recipe, print the resolved values, layout, batch arithmetic and commands; run nothing
+  --miniature   run the recipe here in miniature: same code path, tiny local model and data, 2 steps, 2 processes
+                (with --dry-run: print exactly what a miniature swaps)
+"""
 
 
 def print_help() -> None:
     from trl import TrlParser
 
     TrlParser(tuple(SECTIONS.values()), prog="python -m hf_grpo.train [RECIPE.yaml]").print_help()
+    print(FLAG_HELP)  # noqa: T201
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print_help()
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    apply_thread_policy()  # before anything computes (a miniature builds its model while loading the recipe)
     try:
         recipe, _ = load_recipe(argv, for_run=not dry_run)
     except RecipeError as exc:

@@ -963,11 +963,22 @@ def test_r1_zero_correctness(wrap):
         wrap("<think>no answer tag</think> 2"),
         wrap("2"),
         wrap("<think>x</think> <answer></answer>"),
+        wrap(" 1 + 1 = 2 </think> <answer> 2 </answer>"),  # r1_zero's prompt ends with <think>
     ]
     log = MetricLog()
-    rewards = r1_zero_correctness(completions, solution=["$\\boxed{2}$"] * 6, log_metric=log)
-    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    assert_grade_metrics(log, correct=2 / 6, wrong=1 / 6, unparseable=3 / 6)
+    rewards = r1_zero_correctness(completions, solution=["$\\boxed{2}$"] * 7, log_metric=log)
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert_grade_metrics(log, correct=3 / 7, wrong=1 / 7, unparseable=3 / 7)
+
+
+def test_r1_zero_prompt_and_reward_agree():
+    """The r1_zero prompt opens <think>, so a right completion written after it must earn the reward."""
+    from hf_grpo.data.loaders import DataArguments, format_prompt
+
+    prompt = format_prompt("What is 1 + 1?", DataArguments(prompt_style="r1_zero"))
+    assert prompt.rstrip().endswith("<think>")
+    assert r1_zero_correctness([" 1 + 1 = 2 </think> <answer> 2 </answer>"], solution=["\\boxed{2}"]) == [1.0]
+    assert r1_zero_format([" 1 + 1 = 2 </think> <answer> 2 </answer>"]) == [1.0]
 
 
 @pytest.mark.parametrize(
@@ -976,6 +987,8 @@ def test_r1_zero_correctness(wrap):
         pytest.param("<think>x</think> <answer>1</answer>", 1.0, id="ok"),
         pytest.param("\n<think>\nlong\nreasoning\n</think>\n\n<answer>\n1\n</answer>\n", 1.0, id="ok-newlines"),
         pytest.param("<think>x</think><answer>1</answer>", 1.0, id="ok-no-space"),
+        pytest.param(" x </think> <answer>1</answer>", 1.0, id="think-opened-by-the-prompt"),
+        pytest.param("x </think> y </think> <answer>1</answer>", 1.0, id="opened-by-prompt-two-closings"),
         pytest.param("<answer>1</answer>", 0.0, id="no-think"),
         pytest.param("<think>x</think> 1", 0.0, id="no-answer"),
         pytest.param("<think>x</think> <answer>1</answer> Hope this helps!", 0.0, id="text-after-answer"),

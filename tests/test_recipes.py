@@ -157,6 +157,7 @@ def test_help_renders():
     result = run_module("hf_grpo.train", "--help", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "--dynamic_sampling" in result.stdout and "--learning_rate" in result.stdout
+    assert "--miniature" in result.stdout and "--dry-run" in result.stdout
 
 
 def test_split_argv():

@@ -44,10 +44,13 @@ def test_short_run_writes_every_output(tmp_path):
     for key in ("reward", "accuracy", "grade/wrong", "grade/unparseable", "frac_reward_zero_std", "reward/min"):
         assert key in logged[0], key
     results = json.loads((out / "eval_results.json").read_text())
-    assert set(results) == {"before", "after"}
-    for phase in results.values():
+    assert set(results) == {"before", "after", "gain"}
+    for phase in (results["before"], results["after"]):
         assert 0.0 <= phase["accuracy"] <= 1.0
         assert phase["correct"] + phase["wrong"] + phase["unparseable"] == phase["total"] == 16
+    gain = results["gain"]  # paired per problem, from eval_before.jsonl / eval_after.jsonl
+    assert gain["n"] == 16 and gain["gain"] == results["after"]["accuracy"] - results["before"]["accuracy"]
+    assert gain["ci95"][0] <= gain["gain"] <= gain["ci95"][1]
     assert (out / "training_curves.png").stat().st_size > 10_000
     assert len((out / "eval_after.jsonl").read_text().splitlines()) == 16
 

@@ -102,6 +102,10 @@ class DataArguments(ScriptArguments):
             Number of embedded training problems (`dataset_name: arithmetic` only).
         arithmetic_eval_size (`int`, defaults to `200`):
             Number of embedded held-out problems (`dataset_name: arithmetic` only).
+        dataset_mirror (`dict[str, str]`, *optional*):
+            Local `.jsonl` / `.json` / `.parquet` / `.csv` files that stand in for hub splits, keyed `<hub id>:<split>`
+            (for example `openai/gsm8k:test`). Everything else (presets, columns, which split is the held-out one)
+            resolves exactly as for the hub dataset; `--miniature` writes this mapping.
     """
 
     dataset_name: str | None = field(
@@ -128,6 +132,13 @@ class DataArguments(ScriptArguments):
     max_eval_samples: int | None = field(default=None, metadata={"help": "Cap on the number of evaluation rows."})
     arithmetic_train_size: int = field(default=4000, metadata={"help": "Embedded training problems."})
     arithmetic_eval_size: int = field(default=200, metadata={"help": "Embedded held-out problems."})
+    dataset_mirror: dict[str, str] | None = field(
+        default=None,
+        metadata={
+            "help": "Local files standing in for hub splits, as `{'<hub id>:<split>': path}` (written by --miniature; "
+            "also usable for an offline copy). Presets, columns and splits resolve exactly as for the hub."
+        },
+    )
 
     def resolved(self, name: str | None = None) -> dict:
         """Preset values merged with explicit ones (hub id, config, task, columns, splits) for ``name``.
@@ -150,6 +161,16 @@ class DataArguments(ScriptArguments):
         }
 
 
+def eval_grader(args: DataArguments) -> str:
+    """How held-out completions are graded: the dataset's task, or r1_zero's answer tag when the prompt asks for it.
+
+    The same grader as the recipe's correctness reward, so held-out accuracy measures what training optimizes.
+    """
+    if args.prompt_style == "r1_zero":
+        return "r1_zero"
+    return (args.resolved(args.eval_dataset_name) if args.eval_dataset_name else args.resolved())["task"]
+
+
 def is_local_file(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in LOCAL_BUILDERS
 
@@ -165,32 +186,54 @@ def format_prompt(question: str, args: DataArguments):
     return messages + [{"role": "user", "content": text}]
 
 
+def local_builder(path: str) -> str:
+    """The ``datasets`` builder for a local data file (``json``, ``parquet``, ``csv``)."""
+    return LOCAL_BUILDERS[os.path.splitext(path)[1].lower()]
+
+
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
     """One split of a preset, hub or local dataset, unformatted."""
     if name == "arithmetic":
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
         return Dataset.from_list(arithmetic.make_split("train" if split == "train" else "test", size, seed))
+    mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")
+    if mirror is not None:  # a local copy of this hub split (same schema), e.g. a miniature's
+        return load_dataset(local_builder(mirror), data_files=mirror, split="train")
     if is_local_file(name):
         if not os.path.exists(name):
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
-        return load_dataset(LOCAL_BUILDERS[os.path.splitext(name)[1].lower()], data_files=name, split="train")
+        return load_dataset(local_builder(name), data_files=name, split="train")
     try:
         return load_dataset(name, config, split=split)
     except ValueError as exc:  # unknown split: datasets names the available ones
         raise ValueError(f"dataset {name!r} (config {config!r}) has no split {split!r}: {exc}") from None
 
 
-def _raw_splits(args: DataArguments, seed: int) -> tuple[Dataset, Dataset | None]:
+def source_splits(args: DataArguments) -> dict[str, tuple[dict, str]]:
+    """Which dataset split each role reads: ``{"train": (spec, split), "eval": (spec, split)}``.
+
+    ``eval`` is absent when the held-out rows are carved out of train (``eval_split_size``) or there are none. This is
+    the one place that decides it; ``load_grpo_datasets`` and ``--miniature`` (which mirrors these splits locally)
+    both use it.
+    """
     spec = args.resolved()
-    train = _load_raw(spec["name"], spec["config"], spec["train_split"], args, seed)
+    sources = {"train": (spec, spec["train_split"])}
     if args.eval_dataset_name:
         eval_spec = args.resolved(args.eval_dataset_name)
-        return train, _load_raw(eval_spec["name"], eval_spec["config"], eval_spec["test_split"], args, seed)
-    if spec["name"] == "arithmetic":
-        return train, _load_raw("arithmetic", None, "test", args, seed)
-    if is_local_file(spec["name"]) or not spec["test_split"] or spec["test_split"] == spec["train_split"]:
-        return train, None
-    return train, _load_raw(spec["name"], spec["config"], spec["test_split"], args, seed)
+        sources["eval"] = (eval_spec, eval_spec["test_split"])
+    elif spec["name"] == "arithmetic":
+        sources["eval"] = (spec, "test")
+    elif not is_local_file(spec["name"]) and spec["test_split"] and spec["test_split"] != spec["train_split"]:
+        sources["eval"] = (spec, spec["test_split"])
+    return sources
+
+
+def _raw_splits(args: DataArguments, seed: int) -> tuple[Dataset, Dataset | None]:
+    loaded = {
+        role: _load_raw(spec["name"], spec["config"], split, args, seed)
+        for role, (spec, split) in source_splits(args).items()
+    }
+    return loaded["train"], loaded.get("eval")
 
 
 def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Dataset:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..rewards.grading import grade
+from ..rewards.functions import grade_completion
 
 
 @dataclass
@@ -93,11 +93,11 @@ def grade_generations(
     records, counts, hits = [], {"correct": 0, "wrong": 0, "unparseable": 0}, 0
     for i, (prompt, gold) in enumerate(zip(prompts, golds, strict=True)):
         completion = greedy[i][0]
-        verdict = grade(completion, gold, task)
+        verdict = grade_completion(task, completion, gold)
         counts[verdict] += 1
         record = {"index": i, "prompt": prompt, "gold": gold, "completion": completion, "grade": verdict}
         if sampled is not None:
-            sample_grades = [grade(c, gold, task) for c in sampled[i]]
+            sample_grades = [grade_completion(task, c, gold) for c in sampled[i]]
             record["samples"] = sampled[i]
             record["sample_grades"] = sample_grades
             hits += "correct" in sample_grades

@@ -188,7 +188,7 @@ def server_command(
         cmd += ["--data-parallel-size", str(gen.data_parallel_size)]
     if gen.max_model_len is not None:
         cmd += ["--max-model-len", str(gen.max_model_len)]
-    if dtype not in (None, "auto"):
+    if dtype in ("bfloat16", "float16"):  # fp32 training weights are master weights: serve the model's own dtype
         cmd += ["--dtype", dtype]
     if sync == "lora":
         cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_r)), "--max-loras", "2"]

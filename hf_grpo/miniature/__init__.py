@@ -16,3 +16,290 @@ dynamic sampling, before/after evaluation and checkpointing. It swaps only:
   transports; vLLM, replaced by CPU stand-ins that speak its APIs (``hf_grpo.miniature.vllm_server`` for
   ``vllm serve``, the ``standin/vllm`` package for TRL's colocated ``vllm.LLM``).
 """
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
+from .assets import TINY_SIZES, AssetSpec, PromptFormat, SplitSpec, answer_style, architecture_family, locate
+
+
+PROCESSES = 2  # training processes of a miniature (on a CPU: gloo; DeepSpeed on its CPU accelerator)
+MAX_STEPS = 2
+GROUP = 4  # num_generations
+MICRO_BATCH = 4  # per_device_train_batch_size
+ACCUMULATION = 2  # gradient_accumulation_steps
+COMPLETION_TOKENS = 32  # max_completion_length: enough for the warm-started answer formats
+EVAL_PROBLEMS = 16  # held-out problems of the before/after evaluation
+PERIODIC_EVAL_PROBLEMS = 8
+TINY_WARM_START_STEPS = 60  # the embedded tiny model's warm start (recipes/tiny.yaml)
+SERVER_MODULE = "hf_grpo.miniature.vllm_server"
+
+
+@dataclass
+class Swap:
+    """One value a miniature replaces: where it belongs (model, data, sizes, processes, cpu, generation, outputs)."""
+
+    category: str
+    key: str
+    before: Any
+    after: Any
+    why: str = ""
+
+    def __str__(self) -> str:
+        why = f"  ({self.why})" if self.why else ""
+        return f"{self.key}: {_show(self.before)} -> {_show(self.after)}{why}"
+
+
+@dataclass
+class Miniature:
+    """What ``miniaturize`` decided: the swaps (printed by --dry-run), the assets to build, what the launch needs."""
+
+    swaps: list[Swap] = field(default_factory=list)
+    assets: AssetSpec | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    accelerate_args: list[str] = field(default_factory=list)  # added to `accelerate launch`
+    vllm_standin: bool = False  # TRL's vLLM code runs against hf_grpo/miniature/standin (colocate, full sync)
+    trl_cpu_weight_transfer: bool = False  # TRL's NCCL weight transfer runs over the stand-in's TCP transport
+
+    def describe(self) -> list[str]:
+        lines = ["miniature: only these values differ from the recipe (everything else runs as written):"]
+        for category in ("model", "data", "sizes", "processes", "cpu", "generation", "outputs"):
+            swaps = [s for s in self.swaps if s.category == category]
+            for i, swap in enumerate(swaps):
+                lines.append(f"  {category if i == 0 else '':<11} {swap}")
+        for key, value in self.env.items():
+            lines.append(f"  {'environment' if key == next(iter(self.env)) else '':<11} {key}={value}")
+        if self.accelerate_args:
+            lines.append(f"  {'launch':<11} accelerate launch {' '.join(self.accelerate_args)}")
+        return lines
+
+
+def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, dict, Miniature]:
+    """The miniature of a recipe: new (values, generation section) and what was swapped.
+
+    ``values`` / ``generation`` are the recipe's explicit keys (file and command line); keys in ``fixed`` (given on
+    the command line, ``generation.x`` for the section) are never swapped, so ``--max_steps 3`` still means 3.
+    """
+    from ..recipe import field_index
+
+    index = field_index()
+    values, generation, mini = dict(values), dict(generation), Miniature()
+
+    def current(key):
+        if key in values:
+            return values[key]
+        return index[key][1].default if index[key][1].default is not dataclasses.MISSING else None
+
+    def swap(category: str, key: str, new: Any, why: str = "") -> None:
+        if key in fixed or current(key) == new:
+            return
+        mini.swaps.append(Swap(category, key, current(key), new, why))
+        values[key] = new
+
+    def swap_generation(category: str, key: str, new: Any, why: str = "") -> None:
+        if f"generation.{key}" in fixed or generation.get(key) == new:
+            return
+        mini.swaps.append(Swap(category, f"generation.{key}", generation.get(key), new, why))
+        generation[key] = new
+
+    def at_most(category: str, key: str, limit: int, why: str = "") -> None:
+        value = current(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+            swap(category, key, limit, why)
+
+    _swap_model_and_data(values, current, swap, mini)
+    _swap_sizes(current, swap, at_most)
+    _swap_processes(values, current, swap, mini)
+    _swap_hardware(current, swap, mini)
+    _swap_generation(generation, current, swap, swap_generation, mini)
+
+    output_dir = current("output_dir") or "trainer_output"
+    swap("outputs", "output_dir", f"{output_dir.rstrip('/')}-miniature", "a miniature never overwrites a real run")
+    if current("run_name"):
+        swap("outputs", "run_name", f"{current('run_name')}-miniature")
+    swap("outputs", "push_to_hub", False, "a miniature is never published")
+    report_to = current("report_to")
+    trackers = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if "wandb" in trackers:
+        if "WANDB_MODE" not in os.environ:
+            mini.env["WANDB_MODE"] = "offline"
+        mini.env.setdefault("WANDB_DIR", values["output_dir"])  # its run files beside the miniature's outputs
+    mini.env.setdefault("HF_HUB_OFFLINE", "1")  # a miniature never needs the hub
+    return values, generation, mini
+
+
+def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
+    from ..data.loaders import DataArguments, is_local_file, source_splits
+    from ..recipe import section_values
+    from ..rewards import RewardArguments
+
+    data = DataArguments(**section_values(values, "data"))
+    rewards = section_values(values, "rewards").get("reward_funcs") or RewardArguments().reward_funcs
+    model = current("model_name_or_path")
+    if model == "tiny":  # already built locally (recipes/tiny.yaml): only its sizes shrink
+        at = current("warm_start_steps")
+        if at > TINY_WARM_START_STEPS:
+            swap("sizes", "warm_start_steps", TINY_WARM_START_STEPS)
+        swap("sizes", "arithmetic_train_size", min(current("arithmetic_train_size"), 256))
+        swap("sizes", "arithmetic_eval_size", min(current("arithmetic_eval_size"), EVAL_PROBLEMS))
+        return
+
+    splits = []
+    for role, (spec, split) in source_splits(data).items():
+        if spec["name"] == "arithmetic" or is_local_file(spec["name"]):
+            continue  # already on disk
+        if spec["prompt_column"] is None or spec["solution_column"] is None or spec["task"] is None:
+            continue  # the recipe check names what is missing
+        splits.append(
+            SplitSpec(role, spec["name"], split, spec["prompt_column"], spec["solution_column"], spec["task"])
+        )
+    task = data.resolved()["task"] or "gsm8k"
+    family, source = architecture_family(model)
+    style = answer_style([r.rpartition(":")[2].rpartition(".")[2] for r in rewards], task, data.prompt_style)
+    mini.assets = AssetSpec(
+        family=family,
+        seed=current("seed"),
+        prompt=PromptFormat(data.prompt_template, data.prompt_style, data.system_prompt),
+        answer_style=style,
+        splits=tuple(splits),
+    )
+    assets = locate(mini.assets)
+    swap(
+        "model",
+        "model_name_or_path",
+        str(assets.model_dir),
+        f"a 2-layer {family} model (architecture from {source}), built here and warm-started on the miniature data "
+        f"in the recipe's prompt and answer format ({style})",
+    )
+    if current("model_revision") not in (None, "main"):
+        swap("model", "model_revision", "main", "the local model has one revision")
+    if splits:
+        described = ", ".join(f"{s.name}:{s.split}" for s in splits)
+        swap(
+            "data",
+            "dataset_mirror",
+            {**(current("dataset_mirror") or {}), **assets.files},
+            f"{described} -> local files with the same columns (generated arithmetic problems)",
+        )
+    swap("sizes", "max_eval_samples", EVAL_PROBLEMS)
+    if current("eval_split_size") > 0:
+        swap("sizes", "eval_split_size", EVAL_PROBLEMS / 512, "16 of the 512 mirrored train rows")
+    if current("max_train_samples") is not None:
+        swap("sizes", "max_train_samples", None, "the mirrored split is already small")
+
+
+def _swap_sizes(current, swap, at_most) -> None:
+    at_most("sizes", "max_steps", MAX_STEPS) if current("max_steps") > 0 else swap("sizes", "max_steps", MAX_STEPS)
+    group = min(current("num_generations") or 8, GROUP)
+    swap("sizes", "num_generations", group)
+    if current("num_generations_eval"):
+        at_most("sizes", "num_generations_eval", group)
+    micro = min(current("per_device_train_batch_size"), MICRO_BATCH)
+    accumulation = min(current("gradient_accumulation_steps"), ACCUMULATION)
+    if current("dynamic_sampling") and (micro * accumulation) % group:
+        micro = group  # every process keeps or drops whole groups
+    while (micro * accumulation * PROCESSES) % group:
+        accumulation += 1
+    swap("sizes", "per_device_train_batch_size", micro)
+    swap("sizes", "gradient_accumulation_steps", accumulation)
+    for key in ("steps_per_generation", "generation_batch_size"):
+        if current(key) is not None:
+            swap("sizes", key, None, "derived from the batch again")
+    at_most("sizes", "max_completion_length", COMPLETION_TOKENS)
+    at_most("sizes", "eval_max_new_tokens", COMPLETION_TOKENS)
+    at_most("sizes", "task_eval_max_samples", PERIODIC_EVAL_PROBLEMS)
+    if current("task_eval_max_samples") is None and current("task_eval_steps"):
+        swap("sizes", "task_eval_max_samples", PERIODIC_EVAL_PROBLEMS)
+    at_most("sizes", "task_eval_steps", 1)
+    at_most("sizes", "keep_top_k", 1, "so that a checkpoint is really dropped")
+    at_most("sizes", "logging_steps", 1)
+    if current("save_strategy") in ("steps", "epoch"):
+        swap("sizes", "save_strategy", "steps")
+        swap("sizes", "save_steps", 1, "a checkpoint every step, to resume from")
+    if current("eval_strategy") not in ("no", None):
+        swap("sizes", "eval_steps", 1)
+        at_most("sizes", "per_device_eval_batch_size", group)
+
+
+def _swap_processes(values: dict, current, swap, mini: Miniature) -> None:
+    machine = this_machine()
+    processes = PROCESSES if machine.cuda_devices == 0 else min(PROCESSES, machine.cuda_devices)
+    swap("processes", "num_processes", processes, "on this machine")
+    machines = current("num_machines")
+    if machines is None and current("accelerate_config"):
+        from ..launch import read_accelerate_config, resolve_accelerate_config
+
+        machines = read_accelerate_config(resolve_accelerate_config(current("accelerate_config"))).get("num_machines")
+    if machines and machines > 1:
+        swap("processes", "num_machines", processes, "simulated machines on this host, one process each")
+    if machine.cuda_devices == 0:
+        mini.accelerate_args += ["--mixed_precision", CPU_MIXED_PRECISION]
+
+
+def _swap_hardware(current, swap, mini: Miniature) -> None:
+    machine = this_machine()
+    if machine.cuda_devices:
+        return
+    for setting in CPU_SETTINGS:
+        if setting.applies(current(setting.key)):
+            swap("cpu", setting.key, setting.cpu_value, setting.reason)
+
+
+def _swap_generation(generation: dict, current, swap, swap_generation, mini: Miniature) -> None:
+    backend = generation.get("backend")
+    use_peft = current("use_peft")
+    context = TINY_SIZES["max_position_embeddings"]
+    if (generation.get("max_model_len") or 0) > context:
+        swap_generation("sizes", "max_model_len", context, "the tiny model's context")
+    if (current("vllm_max_model_length") or 0) > context:
+        swap("sizes", "vllm_max_model_length", context, "the tiny model's context")
+    trl_server = backend is None and current("use_vllm") and current("vllm_mode") == "server"
+    if trl_server:
+        raise ValueError(
+            "use_vllm with vllm_mode: server expects a server you started; a miniature starts its CPU stand-in only "
+            "for a generation section: write `generation: {backend: vllm_server}` instead"
+        )
+    if backend == "vllm_colocate" or (backend is None and current("use_vllm")):
+        mini.vllm_standin = True
+    if backend != "vllm_server":
+        return
+    swap_generation(
+        "generation",
+        "serve_command",
+        [sys.executable, "-m", SERVER_MODULE],
+        "the CPU stand-in for `vllm serve`: same command line and HTTP API, a transformers model behind it",
+    )
+    if generation.get("base_url"):
+        swap_generation("generation", "base_url", None, "the miniature starts its own stand-in server")
+    if generation.get("host") not in (None, "127.0.0.1", "localhost"):
+        swap_generation("generation", "host", "127.0.0.1", "the stand-in listens on loopback only")
+    weight_sync = generation.get("weight_sync", "auto")
+    if (weight_sync == "auto" and not use_peft) or weight_sync == "full":
+        mini.vllm_standin = True
+        mini.trl_cpu_weight_transfer = True
+
+
+def activate(miniature: Miniature) -> None:
+    """In a training process: put the vLLM stand-in first on the path and let TRL's weight transfer use a CPU."""
+    if miniature.vllm_standin:
+        from .vllm_standin import activate as activate_standin
+
+        activate_standin()
+    if miniature.trl_cpu_weight_transfer:
+        from .vllm_standin import patch_trl_for_cpu
+
+        patch_trl_for_cpu()
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return repr(value) if isinstance(value, str) and value == "" else str(value)

@@ -88,15 +88,23 @@ def r1_zero_answer(text: str) -> str | None:
     """The ``<answer>`` content of an r1_zero completion, or None when the format is not respected.
 
     The format is ``<think> ... </think> <answer> ... </answer>`` and nothing else around it (whitespace aside);
-    string searches, not a backtracking regex, so a long completion costs linear time.
+    string searches, not a backtracking regex, so a long completion costs linear time. The opening ``<think>`` may
+    be the prompt's: r1_zero's prompt ends with it (``hf_grpo.data.loaders.R1_ZERO_TEMPLATE``), as do the chat
+    templates of R1-style models, so a completion that closes a think block it never opened continues that one.
 
     >>> r1_zero_answer("<think>2+2</think> <answer>4</answer>")
+    '4'
+    >>> r1_zero_answer(" 2+2 </think> <answer>4</answer>")  # the prompt opened <think>
     '4'
     >>> r1_zero_answer("<think>a</think> b <answer>4</answer>") is None
     True
     """
     text = text.strip()
-    if not text.startswith("<think>") or not text.endswith("</answer>"):
+    if not text.startswith("<think>"):
+        if "<think>" in text:  # text before the think block
+            return None
+        text = "<think>" + text
+    if not text.endswith("</answer>"):
         return None
     end = text.find("</think>")
     while end != -1:  # the thinking ends at the first </think> that is followed by the answer block

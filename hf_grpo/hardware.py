@@ -1,0 +1,175 @@
+"""What this machine can run, checked before any model loads.
+
+A recipe written for GPUs (bf16 mixed precision, FlashAttention, vLLM, 8 processes) used to load its model on a
+machine without them and then die with a library's traceback, or worse, run something else: on a CPU machine an
+FSDP config silently trained plain data parallel (accelerate has no FSDP without a GPU). ``hardware_problems`` lists
+every such mismatch as a message naming the setting and the fix; ``hf_grpo.recipe`` turns them into exit code 2.
+
+``CPU_SETTINGS`` is the one table of settings a CPU cannot run and what a miniature runs instead
+(``hf_grpo.miniature`` applies it and prints each replacement).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+MINIATURE_HINT = "or try the recipe on this machine in miniature: --miniature"
+
+
+@dataclass(frozen=True)
+class Machine:
+    cuda_devices: int
+    bf16: bool  # a CUDA device with bf16
+    packages: frozenset[str]  # of the optional ones below that are importable
+
+    def has(self, package: str) -> bool:
+        return package in self.packages
+
+
+OPTIONAL_PACKAGES = ("deepspeed", "vllm", "flash_attn", "bitsandbytes", "liger_kernel")
+
+
+@cache
+def this_machine() -> Machine:
+    import torch
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Machine(
+        cuda_devices=cuda,
+        bf16=bool(cuda) and torch.cuda.is_bf16_supported(),
+        packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
+    )
+
+
+@dataclass(frozen=True)
+class CpuSetting:
+    """A recipe value a CPU cannot run, and what a miniature runs instead."""
+
+    key: str
+    applies: Callable[[Any], bool]
+    cpu_value: Any
+    reason: str
+    error: bool = True  # False: legal on a CPU (only slow or numerically different); a miniature still maps it
+
+
+CPU_SETTINGS = (
+    CpuSetting("bf16", lambda v: v is True, False, "bf16 mixed precision needs a CUDA GPU with bf16"),
+    CpuSetting("fp16", lambda v: v is True, False, "fp16 mixed precision needs a CUDA GPU"),
+    CpuSetting(
+        "dtype",
+        lambda v: v in ("bfloat16", "float16"),
+        "float32",
+        "half-precision weights compute slowly on a CPU, and DeepSpeed's bf16 mode needs a GPU",
+        error=False,
+    ),
+    CpuSetting(
+        "attn_implementation",
+        lambda v: isinstance(v, str) and "flash" in v,
+        "sdpa",
+        "FlashAttention kernels run only on CUDA GPUs",
+    ),
+    CpuSetting("load_in_4bit", lambda v: v is True, False, "bitsandbytes quantization runs only on CUDA GPUs"),
+    CpuSetting("load_in_8bit", lambda v: v is True, False, "bitsandbytes quantization runs only on CUDA GPUs"),
+    CpuSetting("use_liger_kernel", lambda v: v is True, False, "Liger's Triton kernels need a GPU"),
+    CpuSetting(
+        "optim",
+        lambda v: isinstance(v, str) and any(t in v for t in ("bnb", "8bit", "paged")),
+        "adamw_torch",
+        "bitsandbytes optimizers run only on CUDA GPUs",
+    ),
+)
+# accelerate settings (the config file, or `accelerate launch` flags) a CPU cannot run
+CPU_MIXED_PRECISION = "no"
+
+
+def accelerate_mixed_precision(config_value: str | None) -> str | None:
+    """The mixed precision this process runs with: accelerate's environment inside a launch, else the config's."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION") or config_value
+
+
+def hardware_problems(
+    values: dict, defaults: dict, layout, generation, machine: Machine | None = None, vllm_standin: bool = False
+) -> list[str]:
+    """Every way this machine cannot run the recipe as written; each message names the setting and the fix.
+
+    ``values`` are the recipe's explicit keys, ``defaults`` the defaults of the others; ``layout`` is the resolved
+    ``hf_grpo.launch.Layout`` and ``generation`` the ``GenerationArguments``. ``vllm_standin``: a miniature, whose
+    CPU stand-ins take the place of vLLM (its engine and its server).
+    """
+    machine = machine or this_machine()
+    problems: list[str] = []
+
+    def get(key):
+        return values.get(key, defaults.get(key))
+
+    distributed = layout.distributed_type
+    if distributed == "DEEPSPEED" and not machine.has("deepspeed"):
+        problems.append(
+            f"accelerate_config {layout.name} uses DeepSpeed, which is not installed here: pip install deepspeed"
+        )
+    vllm_needed = generation.backend == "vllm_colocate" or (
+        generation.backend is None and get("use_vllm") and get("vllm_mode") == "colocate"
+    )
+    server_full_sync = generation.backend == "vllm_server" and generation.sync_mode(get("use_peft")) == "full"
+    if server_full_sync or (generation.backend is None and get("use_vllm") and get("vllm_mode") == "server"):
+        vllm_needed = True  # TRL's server client imports vllm and syncs weights over NCCL
+    if vllm_standin:
+        vllm_needed = False
+    if vllm_needed and not machine.has("vllm"):
+        problems.append(
+            "this generation layout runs TRL's vLLM engine in the training processes, and vllm is not installed "
+            "here: pip install -e '.[vllm]' on a GPU machine, or set generation.backend: transformers"
+        )
+
+    if machine.cuda_devices == 0:
+        for setting in CPU_SETTINGS:
+            if setting.error and setting.applies(get(setting.key)):
+                fix = f"{setting.key}: {_yaml(setting.cpu_value)}"
+                problems.append(f"{setting.key}: {_yaml(get(setting.key))}: {setting.reason}; set {fix}")
+        precision = accelerate_mixed_precision(layout.mixed_precision)
+        if precision in ("bf16", "fp16"):
+            source = (
+                "accelerate launch runs with"
+                if os.environ.get("ACCELERATE_MIXED_PRECISION")
+                else f"accelerate_config {layout.name} has"
+            )
+            problems.append(
+                f"{source} mixed_precision {precision}, which needs a GPU; pass --mixed_precision "
+                f"{CPU_MIXED_PRECISION} to accelerate launch"
+            )
+        if distributed == "FSDP":
+            problems.append(
+                f"accelerate_config {layout.name} is FSDP, which accelerate runs only on GPUs (without one it would "
+                "silently train plain data parallel); use a GPU machine, or ddp / zero2 / zero3 on a CPU"
+            )
+        starts_vllm = generation.starts_server() and generation.serve_command[:1] == ["vllm"]  # not a custom one
+        if vllm_needed or (starts_vllm and not vllm_standin):
+            problems.append(
+                f"generation.backend {generation.backend or 'vllm (use_vllm)'} needs vLLM on CUDA GPUs and this "
+                "machine has none; set generation.backend: transformers"
+            )
+    else:
+        server = len(generation.server_gpus()) if generation.starts_server() else 0
+        per_machine = layout.num_processes // max(layout.num_machines, 1)
+        if per_machine + server > machine.cuda_devices:
+            server_text = f" + {server} vLLM server GPU(s) (generation.gpus)" if server else ""
+            problems.append(
+                f"{per_machine} training process(es) per machine{server_text} need {per_machine + server} GPUs and "
+                f"this machine has {machine.cuda_devices}: set num_processes (or --num_processes) to "
+                f"{max(machine.cuda_devices - server, 1)}"
+            )
+        if get("bf16") is True and not machine.bf16:
+            problems.append("bf16: true needs a GPU with bf16 (Ampere or newer); set bf16: false and fp16: true")
+    return problems
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

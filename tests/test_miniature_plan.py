@@ -1,0 +1,183 @@
+"""What --miniature swaps, checked without training: the dry-run of every recipe says exactly what differs.
+
+The runs themselves are in tests/test_miniatures.py (marker ``miniature``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from hf_grpo.data.loaders import DataArguments, load_grpo_datasets, source_splits
+from hf_grpo.hardware import this_machine
+from hf_grpo.miniature import miniaturize
+from hf_grpo.miniature.assets import (
+    GSM8K,
+    MATH,
+    MATH500,
+    OPENMATH,
+    AssetSpec,
+    PromptFormat,
+    SplitSpec,
+    architecture_family,
+    ensure_assets,
+)
+from hf_grpo.recipe import RecipeError, load_recipe
+from hf_grpo.train import main
+
+from .conftest import REPO
+
+
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+cpu_only = pytest.mark.skipif(this_machine().cuda_devices > 0, reason="the CPU mapping applies without a GPU")
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_has_a_miniature_that_keeps_its_layout(recipe, capsys):
+    assert main([str(recipe), "--miniature", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    values = yaml.safe_load(recipe.read_text())
+    assert "miniature: only these values differ from the recipe" in out
+    assert "this machine cannot run it" not in out
+    mini, _ = load_recipe([str(recipe), "--miniature"], for_run=False)
+    assert mini.layout.num_processes == 2
+    if values.get("accelerate_config"):
+        assert f"accelerate_configs/{values['accelerate_config']}.yaml" in out  # the same accelerate config
+        assert mini.layout.distributed_type == load_recipe([str(recipe)], for_run=False)[0].layout.distributed_type
+    assert mini.generation.backend == (values.get("generation") or {}).get("backend")
+    assert mini.rewards.reward_funcs == values.get("reward_funcs", mini.rewards.reward_funcs)
+    for key in ("loss_type", "advantage_estimator", "dynamic_sampling", "beta", "scale_rewards", "epsilon_high"):
+        if key in values:
+            assert mini.values[key] == values[key], key  # the algorithm is the recipe's
+    if values.get("model_name_or_path", "tiny") != "tiny":
+        assert "model_name_or_path:" in out and values["model_name_or_path"] in out
+        assert mini.model.model_name_or_path.endswith("/model")
+    if values.get("num_machines", 1) > 1:
+        assert out.count("--machine_rank") == 2  # one launch per simulated machine
+    assert mini.values["output_dir"].endswith("-miniature")
+    assert mini.training.max_steps == 2
+
+
+def test_command_line_values_are_never_swapped():
+    recipe, _ = load_recipe(
+        ["recipes/qwen7b.yaml", "--miniature", "--max_steps", "3", "--output_dir", "/tmp/x"], for_run=False
+    )
+    assert recipe.training.max_steps == 3 and recipe.training.output_dir == "/tmp/x"
+    assert "max_steps" not in {s.key for s in recipe.miniature.swaps}
+
+
+@cpu_only
+def test_gpu_only_settings_are_mapped_and_printed(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-7B-Instruct\ndataset_name: gsm8k\nuse_peft: true\ndtype: bfloat16\n"
+        "bf16: true\nattn_implementation: flash_attention_2\naccelerate_config: zero2\nnum_processes: 8\n"
+    )
+    assert main([str(path), "--miniature", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for line in (
+        "bf16: True -> False",
+        "dtype: bfloat16 -> float32",
+        "attn_implementation: flash_attention_2 -> sdpa",
+        "num_processes: 8 -> 2",
+        "--mixed_precision no",
+    ):
+        assert line in out, line
+
+
+def test_a_trl_server_without_a_generation_section_is_refused(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("use_vllm: true\nvllm_mode: server\n")
+    with pytest.raises(RecipeError, match="generation: {backend: vllm_server}"):
+        load_recipe([str(path), "--miniature"], for_run=False)
+
+
+def test_dry_run_shows_trl_vllm_fields_as_the_run_uses_them(capsys):
+    assert main(["recipes/tiny.yaml", "--use_vllm", "true", "--vllm_mode", "colocate", "--dry-run"]) == 0
+    assert "generation: TRL vLLM (colocate)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", "qwen2"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "qwen2"),
+        ("Qwen/Qwen3-8B", "qwen3"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama"),
+    ],
+)
+def test_architecture_family_from_the_name_offline(name, family):
+    assert architecture_family(name) == (family, "its name")
+
+
+def test_architecture_family_from_a_local_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    assert architecture_family(str(tmp_path)) == ("mistral", "its config.json")
+
+
+def test_the_mirror_replaces_only_the_download(tmp_path):
+    """Presets, columns and the held-out split resolve as for the hub; only the bytes come from local files."""
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"{i}\n#### {i}"}) + "\n" for i in range(6)))
+    test.write_text(json.dumps({"question": "held out", "answer": "#### 7"}) + "\n")
+    args = DataArguments(
+        dataset_name="gsm8k", dataset_mirror={"openai/gsm8k:train": str(train), "openai/gsm8k:test": str(test)}
+    )
+    assert {role: split for role, (_, split) in source_splits(args).items()} == {"train": "train", "eval": "test"}
+    train_ds, eval_ds = load_grpo_datasets(args)
+    assert len(train_ds) == 6 and len(eval_ds) == 1
+    assert eval_ds[0]["solution"] == "#### 7" and eval_ds[0]["prompt"][-1]["content"] == "held out"
+
+
+def test_the_mirror_covers_exactly_the_splits_the_loader_reads():
+    values = {"model_name_or_path": "Qwen/Qwen2.5-Math-1.5B", "dataset_name": "math", "eval_dataset_name": "math500"}
+    new, _, _ = miniaturize(values, {}, set())
+    assert set(new["dataset_mirror"]) == {f"{MATH}:train", f"{MATH500}:test"}
+    values = {"model_name_or_path": "Qwen/Qwen2.5-7B", "dataset_name": "openmathinstruct2", "eval_split_size": 0.01}
+    new, _, _ = miniaturize(values, {}, set())
+    assert set(new["dataset_mirror"]) == {f"{OPENMATH}:train"} and new["eval_split_size"] == pytest.approx(16 / 512)
+
+
+def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, monkeypatch):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hf_grpo.data.loaders import format_prompt
+    from hf_grpo.evaluation.core import generate
+    from hf_grpo.rewards.functions import grade_completion
+
+    monkeypatch.setenv("HF_GRPO_CACHE", str(tmp_path))
+    splits = (
+        SplitSpec("train", GSM8K, "train", "question", "answer", "gsm8k"),
+        SplitSpec("eval", MATH500, "test", "problem", "answer", "math"),
+    )
+    spec = AssetSpec("llama", 0, PromptFormat(prompt_style="r1_zero"), "r1_zero", splits)
+    assets = ensure_assets(spec)
+    assert ensure_assets(spec).root == assets.root  # cached
+    assert AutoConfig.from_pretrained(assets.model_dir).model_type == "llama"
+    assert (assets.model_dir / "model.safetensors").is_file()
+    rows = read_jsonl(assets.files[f"{MATH500}:test"])
+    assert set(rows[0]) == {"problem", "solution", "answer", "subject", "level", "unique_id"}
+    train_rows = read_jsonl(assets.files[f"{GSM8K}:train"])
+    assert set(train_rows[0]) == {"question", "answer"}
+    train_questions = {r["question"] for r in train_rows}
+    assert not train_questions & {r["problem"] for r in rows}  # held-out questions are never trained on
+
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(assets.model_dir),
+        AutoTokenizer.from_pretrained(assets.model_dir),
+    )
+    prompts = [format_prompt(r["problem"], DataArguments(prompt_style="r1_zero")) for r in rows[:16]]
+    outs = generate(model, tokenizer, prompts, 32)
+    grades = [grade_completion("r1_zero", o[0], r["answer"]) for o, r in zip(outs, rows, strict=False)]
+    assert grades.count("unparseable") <= 4, outs[:4]  # the warm start taught the r1_zero format
