@@ -259,8 +259,15 @@ def resolve_program(argv: list[str]) -> list[str]:
 
 
 def needs_launcher(recipe) -> bool:
-    """Whether ``python -m hf_grpo.train`` must start processes itself instead of training in this process."""
-    return not inside_launch() and (recipe.generation.starts_server() or recipe.layout.num_processes > 1)
+    """Whether ``python -m hf_grpo.train`` must start processes itself instead of training in this process.
+
+    Also for one process with an accelerate config: only ``accelerate launch`` applies it (DeepSpeed, FSDP, mixed
+    precision), so training here would silently drop it (e.g. the 8 GB recipe's ZeRO-2 optimizer offload).
+    """
+    layout = recipe.layout
+    return not inside_launch() and (
+        recipe.generation.starts_server() or layout.num_processes > 1 or layout.accelerate_config is not None
+    )
 
 
 def run_launcher(recipe, argv: list[str]) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from hf_grpo.generation.layout import GenerationArguments
 from hf_grpo.hardware import CPU_SETTINGS, Machine, hardware_problems, this_machine
-from hf_grpo.launch import Layout, accelerate_command
+from hf_grpo.launch import Layout, accelerate_command, needs_launcher
 from hf_grpo.recipe import RecipeError, load_recipe
 
 from .conftest import REPO, run_module
@@ -76,6 +76,13 @@ def test_more_processes_than_gpus():
     found = problems({"use_peft": True}, lay=layout("MULTI_GPU", 1), gen=server, machine=ONE_GPU)
     assert any("vLLM server GPU" in p for p in found), found
     assert any("bf16" in p for p in problems({"bf16": True}, machine=OLD_GPUS))
+
+
+def test_one_process_with_an_accelerate_config_goes_through_accelerate():
+    """`python -m hf_grpo.train` of the 8 GB recipe (1 process, ZeRO-2 offload) must not train without DeepSpeed."""
+    recipe, _ = load_recipe([str(REPO / "recipes/qwen1.5b-gsm8k-8gb.yaml")], for_run=False)
+    assert recipe.layout.num_processes == 1 and needs_launcher(recipe)
+    assert not needs_launcher(load_recipe([str(REPO / "recipes/tiny.yaml")], for_run=False)[0])
 
 
 def test_several_processes_without_a_config_use_the_multi_process_launcher():
@@ -150,3 +157,22 @@ def test_full_finetuning_of_half_weights_needs_deepspeed(tmp_path):
 def test_the_math_recipe_trains_fp32_weights():
     recipe, _ = load_recipe([str(REPO / "recipes/qwen-math-1.5b-math.yaml")], for_run=False)
     assert recipe.model.dtype == "float32" and recipe.values["bf16"] is True and recipe.model.use_peft is False
+
+
+def test_why_the_check_exists_bf16_weights_lose_small_updates():
+    """Plain AdamW on bf16 parameters at a fine-tuning learning rate leaves most elements unchanged (the MATH
+    recipe's former setting); the same steps on fp32 master weights move every element."""
+    import torch
+
+    torch.manual_seed(0)
+    start = torch.randn(256, 256) * 0.02
+    changed = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        weight = torch.nn.Parameter(start.clone().to(dtype))
+        optimizer = torch.optim.AdamW([weight], lr=1e-5, weight_decay=0.0)
+        for _ in range(10):
+            weight.grad = torch.randn_like(weight)
+            optimizer.step()
+        changed[dtype] = (weight.detach().float() != start.to(dtype).float()).float().mean().item()
+    assert changed[torch.float32] > 0.99
+    assert changed[torch.bfloat16] < 0.5, changed  # most updates round away
