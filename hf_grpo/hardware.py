@@ -155,7 +155,8 @@ def hardware_problems(
                 "machine has none; set generation.backend: transformers"
             )
     else:
-        server = len(generation.server_gpus()) if generation.starts_server() else 0
+        # a miniature's stand-in server runs on the CPU and takes no GPU
+        server = len(generation.server_gpus()) if generation.starts_server() and not vllm_standin else 0
         per_machine = layout.num_processes // max(layout.num_machines, 1)
         if per_machine + server > machine.cuda_devices:
             server_text = f" + {server} vLLM server GPU(s) (generation.gpus)" if server else ""

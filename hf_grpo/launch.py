@@ -226,7 +226,8 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
         )
         commands.append(Command("server", env, cmd, url=gen.url))
         train_argv += ["--generation.base_url", gen.url]
-        train_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, training_gpus(gen, recipe.layout.num_processes)))
+        if mini is None:  # a miniature's stand-in server takes no GPU
+            train_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, training_gpus(gen, recipe.layout.num_processes)))
     machines = recipe.layout.num_machines if mini is not None else 1
     for rank in range(machines):
         ranked = [*extra, "--machine_rank", str(rank)] if machines > 1 else extra

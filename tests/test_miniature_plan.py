@@ -181,3 +181,18 @@ def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, m
     outs = generate(model, tokenizer, prompts, 32)
     grades = [grade_completion("r1_zero", o[0], r["answer"]) for o, r in zip(outs, rows, strict=False)]
     assert grades.count("unparseable") <= 4, outs[:4]  # the warm start taught the r1_zero format
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_miniatures_fit_a_one_gpu_machine(recipe, monkeypatch):
+    """On a GPU machine a miniature trains on the GPUs it has (here one) and its stand-in server takes none."""
+    from hf_grpo import hardware, miniature
+    from hf_grpo.hardware import Machine
+
+    one_gpu = Machine(cuda_devices=1, bf16=True, packages=frozenset({"deepspeed"}))
+    monkeypatch.setattr(hardware, "this_machine", lambda: one_gpu)
+    monkeypatch.setattr(miniature, "this_machine", lambda: one_gpu)
+    mini, _ = load_recipe([str(recipe), "--miniature"], for_run=False)
+    assert mini.hardware == [] and mini.layout.num_processes == 1
+    assert mini.plan.completions_per_generation % mini.plan.num_generations == 0
+    assert "bf16" not in {s.key for s in mini.miniature.swaps}  # a bf16 GPU keeps bf16

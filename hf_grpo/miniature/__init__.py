@@ -114,8 +114,8 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
             swap(category, key, limit, why)
 
     _swap_model_and_data(values, current, swap, mini)
-    _swap_sizes(current, swap, at_most)
-    _swap_processes(values, current, swap, mini)
+    processes = _swap_processes(current, swap, mini)
+    _swap_sizes(current, swap, at_most, processes)
     _swap_hardware(current, swap, mini)
     _swap_generation(generation, current, swap, swap_generation, mini)
 
@@ -194,7 +194,7 @@ def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
         swap("sizes", "max_train_samples", None, "the mirrored split is already small")
 
 
-def _swap_sizes(current, swap, at_most) -> None:
+def _swap_sizes(current, swap, at_most, processes: int) -> None:
     at_most("sizes", "max_steps", MAX_STEPS) if current("max_steps") > 0 else swap("sizes", "max_steps", MAX_STEPS)
     group = min(current("num_generations") or 8, GROUP)
     swap("sizes", "num_generations", group)
@@ -204,7 +204,7 @@ def _swap_sizes(current, swap, at_most) -> None:
     accumulation = min(current("gradient_accumulation_steps"), ACCUMULATION)
     if current("dynamic_sampling") and (micro * accumulation) % group:
         micro = group  # every process keeps or drops whole groups
-    while (micro * accumulation * PROCESSES) % group:
+    while (micro * accumulation * processes) % group:
         accumulation += 1
     swap("sizes", "per_device_train_batch_size", micro)
     swap("sizes", "gradient_accumulation_steps", accumulation)
@@ -227,7 +227,8 @@ def _swap_sizes(current, swap, at_most) -> None:
         at_most("sizes", "per_device_eval_batch_size", group)
 
 
-def _swap_processes(values: dict, current, swap, mini: Miniature) -> None:
+def _swap_processes(current, swap, mini: Miniature) -> int:
+    """Two processes (on a CPU; as many GPUs as there are, up to two, on a GPU machine); returns the count."""
     machine = this_machine()
     processes = PROCESSES if machine.cuda_devices == 0 else min(PROCESSES, machine.cuda_devices)
     swap("processes", "num_processes", processes, "on this machine")
@@ -240,6 +241,7 @@ def _swap_processes(values: dict, current, swap, mini: Miniature) -> None:
         swap("processes", "num_machines", processes, "simulated machines on this host, one process each")
     if machine.cuda_devices == 0:
         mini.accelerate_args += ["--mixed_precision", CPU_MIXED_PRECISION]
+    return processes
 
 
 def _swap_hardware(current, swap, mini: Miniature) -> None:

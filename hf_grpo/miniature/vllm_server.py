@@ -503,6 +503,7 @@ class ServerApp:
         packed = bool(self._init_info.get("packed", False))
         buffer_size = int(self._init_info.get("packed_buffer_size_bytes", transport.DEFAULT_BUFFER_SIZE_BYTES))
         received: list[tuple[str, torch.Tensor]] = []
+        bytes_before = communicator.bytes  # the group counts every byte of its lifetime
         try:
             if packed:
                 for chunk in transport.receive_packed(communicator, metadata, 0, buffer_size):
@@ -521,7 +522,8 @@ class ServerApp:
         digest = combined_digest(self.engine.weight_digests())
         with self._lock:
             self.weight_updates.append({"tensors": len(received), "loaded": len(loaded), "sha256": digest})
-        logger.info("loaded %d tensors (%d bytes) from the trainer", len(received), communicator.bytes)
+        received_bytes = communicator.bytes - bytes_before
+        logger.info("loaded %d tensors (%d bytes) from the trainer", len(received), received_bytes)
         return {"message": "Weights updated"}
 
     def finish_weight_update(self) -> dict:
