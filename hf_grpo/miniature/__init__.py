@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..generation.layout import GenerationArguments
 from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
 from .assets import TINY_SIZES, AssetSpec, PromptFormat, SplitSpec, answer_style, architecture_family, locate
 
@@ -68,15 +69,23 @@ class Miniature:
     trl_cpu_weight_transfer: bool = False  # TRL's NCCL weight transfer runs over the stand-in's TCP transport
 
     def describe(self) -> list[str]:
-        lines = ["miniature: only these values differ from the recipe (everything else runs as written):"]
-        for category in ("model", "data", "sizes", "processes", "cpu", "generation", "outputs"):
-            swaps = [s for s in self.swaps if s.category == category]
-            for i, swap in enumerate(swaps):
-                lines.append(f"  {category if i == 0 else '':<11} {swap}")
-        for key, value in self.env.items():
-            lines.append(f"  {'environment' if key == next(iter(self.env)) else '':<11} {key}={value}")
+        rows = [(s.category, str(s)) for s in self.swaps]
+        if self.vllm_standin:
+            rows.append(
+                ("generation", "vllm: TRL's vLLM code runs against the CPU stand-in package (miniature/standin)")
+            )
+        if self.trl_cpu_weight_transfer:
+            rows.append(
+                ("generation", "weight sync: TRL's NCCL transfer runs over TCP (its CUDA device check bypassed)")
+            )
+        rows += [("environment", f"{key}={value}") for key, value in self.env.items()]
         if self.accelerate_args:
-            lines.append(f"  {'launch':<11} accelerate launch {' '.join(self.accelerate_args)}")
+            rows.append(("launch", f"accelerate launch {' '.join(self.accelerate_args)}"))
+        order = ("model", "data", "sizes", "processes", "cpu", "generation", "outputs", "environment", "launch")
+        lines = ["miniature: only these values differ from the recipe (everything else runs as written):"]
+        for category in order:
+            texts = [text for c, text in rows if c == category]
+            lines += [f"  {category if i == 0 else '':<11} {text}" for i, text in enumerate(texts)]
         return lines
 
 
@@ -103,9 +112,10 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
         values[key] = new
 
     def swap_generation(category: str, key: str, new: Any, why: str = "") -> None:
-        if f"generation.{key}" in fixed or generation.get(key) == new:
+        before = generation.get(key, getattr(GenerationArguments(), key))
+        if f"generation.{key}" in fixed or before == new:
             return
-        mini.swaps.append(Swap(category, f"generation.{key}", generation.get(key), new, why))
+        mini.swaps.append(Swap(category, f"generation.{key}", before, new, why))
         generation[key] = new
 
     def at_most(category: str, key: str, limit: int, why: str = "") -> None:
