@@ -5,7 +5,7 @@ module builds one from scratch:
 
 - a byte-level BPE tokenizer trained on the embedded arithmetic corpus, wrapped in ``PreTrainedTokenizerFast`` with
   a ChatML chat template (``<|im_start|>`` / ``<|im_end|>``, end of turn = EOS), left padding;
-- a ``Qwen2ForCausalLM`` with 2 layers and hidden size 64 (about 100k parameters);
+- a ``Qwen2ForCausalLM`` with 2 layers and hidden size 64 (about 150k parameters, the default recipe's size);
 - ``warm_start``: a few hundred supervised steps on train-split problems, so GRPO starts from a model that knows
   the answer format but is still often wrong. Random init gives no reward signal at all (field notes: 400 GRPO
   steps from scratch learned nothing), so every GRPO demo on a model this small needs such a start.

@@ -42,7 +42,9 @@ def accelerate(config: str, *args: str, timeout: int = 900) -> subprocess.Comple
     )
 
 
+@pytest.mark.miniature  # 2.5 minutes; the miniature tier (run by CI after the default tier) holds the recipe-length runs
 def test_tiny_recipe_under_zero2_cpu_offload_with_two_processes(tmp_path):
+    """The issue-13 command: tiny recipe, zero2_offload.yaml, 2 processes, `--mixed_precision no` (bf16 exits 2)."""
     out = tmp_path / "zero2"
     result = accelerate(
         "zero2_offload.yaml",

@@ -1,6 +1,6 @@
 """Embedded GSM8K-style arithmetic word problems, generated in code.
 
-The default run needs a task that a ~0.5M-parameter model can learn on a laptop CPU in minutes, with no download.
+The default run needs a task that a ~150k-parameter model can learn on a laptop CPU in minutes, with no download.
 Each problem is a one-step word problem whose solution follows GSM8K's convention: a worked line, then the final
 answer after ``####``::
 
