@@ -55,6 +55,9 @@ class HfGRPOConfig(GRPOConfig):
     r"""
     Training configuration (extends [`trl.GRPOConfig`]; every TRL and transformers field is available).
 
+    One default differs from TRL's: an unset `bf16` becomes `False` on a machine without a bf16-capable GPU (TRL makes
+    it `True`, which fails there), so one recipe runs on a GPU node and on a laptop.
+
     Parameters:
         > Dynamic sampling (DAPO, https://huggingface.co/papers/2503.14476)
 
@@ -68,7 +71,8 @@ class HfGRPOConfig(GRPOConfig):
             Generation rounds allowed per optimizer step, the first included (NeMo RL's default is 10).
         dynamic_sampling_exhausted (`str`, defaults to `"fill"`):
             What to do when the rounds run out before the batch is full: `fill` completes the batch with dropped
-            groups (zero advantage, so no gradient) and logs `dynamic_sampling/exhausted`; `error` stops the run.
+            groups masked out of the loss (no policy or KL gradient, no tokens in the loss normaliser) and logs
+            `dynamic_sampling/exhausted`; `error` stops the run.
 
         > Advantages
 
@@ -108,7 +112,7 @@ class HfGRPOConfig(GRPOConfig):
     dynamic_sampling_exhausted: str = field(
         default="fill",
         metadata={
-            "help": "When rounds run out: `fill` with zero-advantage groups, or `error`.",
+            "help": "When rounds run out: `fill` with dropped groups masked out of the loss, or `error`.",
             "choices": EXHAUSTED_POLICIES,
         },
     )

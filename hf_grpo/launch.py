@@ -8,6 +8,7 @@ config's process count (the same thing ``accelerate launch --num_processes`` doe
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,8 +272,16 @@ def needs_launcher(recipe) -> bool:
     )
 
 
+STOP_GRACE_S = 60.0  # after SIGINT, how long the training processes get to stop before SIGKILL
+
+
 def run_launcher(recipe, argv: list[str]) -> int:
-    """Start the server (if any), wait for it, run the training launch(es), and stop everything whatever happens."""
+    """Start the server (if any), wait for it, run the training launch(es), and stop everything whatever happens.
+
+    Each training launch runs in its own process group, so stopping it reaches accelerate's workers too: on SIGINT or
+    SIGTERM of the launcher they get SIGINT, then SIGKILL after ``STOP_GRACE_S``; whatever is left of a group when
+    the launcher ends is killed. A SIGKILLed launcher can do none of this (not handled yet).
+    """
     import signal
     import subprocess
 
@@ -297,27 +306,39 @@ def run_launcher(recipe, argv: list[str]) -> int:
                 server.__enter__()
             else:
                 env = {**os.environ, **command.env, LAUNCHED_ENV: "1"}
-                children.append(subprocess.Popen(command.argv, env=env))
+                children.append(subprocess.Popen(command.argv, env=env, start_new_session=True))
         return _wait_all(children)
     except KeyboardInterrupt:
         for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGINT)
+            _signal_group(child, signal.SIGINT)
+        deadline = time.monotonic() + STOP_GRACE_S
         for child in children:
             try:
-                child.wait(timeout=60)
+                child.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                child.kill()
+                _signal_group(child, signal.SIGKILL)
+                child.wait()
         return 130
     finally:
+        for child in children:  # a launch that exited may leave workers behind in its group
+            _signal_group(child, signal.SIGKILL)
         if server is not None:
             server.stop()
         signal.signal(signal.SIGTERM, previous)
 
 
+def _signal_group(child, signum) -> None:
+    """Send ``signum`` to the process group of ``child`` (its own: started with ``start_new_session``)."""
+    try:
+        os.killpg(child.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _wait_all(children) -> int:
     """Wait for every training launch; when one fails, stop the others (a simulated machine would wait forever)."""
-    import time
+    import signal
+    import subprocess
 
     while True:
         codes = [child.poll() for child in children]
@@ -325,9 +346,13 @@ def _wait_all(children) -> int:
         if failed:
             for child, code in zip(children, codes, strict=True):
                 if code is None:
-                    child.terminate()
+                    _signal_group(child, signal.SIGTERM)
             for child in children:
-                child.wait()
+                try:
+                    child.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    _signal_group(child, signal.SIGKILL)
+                    child.wait()
             return failed[0]
         if all(code == 0 for code in codes):
             return 0

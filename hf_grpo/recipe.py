@@ -588,6 +588,16 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
 
     generation = GenerationArguments(**nested["generation"])
     problems = check_generation(generation, model.use_peft, model.lora_r, set(values))
+    if generation.backend == "vllm_server" and generation.sync_mode(model.use_peft) == "lora":
+        # what vLLM's adapter loader refuses (hf_grpo.miniature.vllm_server.unsupported_lora_features): caught here,
+        # not at the first weight sync after the model has loaded
+        if model.use_dora:
+            problems.append("use_dora: true: vLLM cannot hot-load DoRA adapters; set use_dora: false")
+        if model.lora_modules_to_save:
+            problems.append(
+                f"lora_modules_to_save: {model.lora_modules_to_save}: vLLM loads adapters only with "
+                "modules_to_save None; remove it, or use generation.weight_sync: full"
+            )
     if problems:
         raise RecipeError(f"{where}: " + "; ".join(problems))
     _check_precision(values, model, layout, where)

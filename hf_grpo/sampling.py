@@ -4,7 +4,7 @@ kept groups that fills each batch exactly.
 Everything here is pure tensor bookkeeping, independent of the trainer, so it is unit-tested on hand-made rewards:
 
 - ``keep_mask(values, G)``: a group is kept when its values are not all equal (all-equal rewards give every
-  completion a zero advantage, hence no gradient). Unscorable completions (NaN) are ignored; a group needs two
+  completion a zero advantage, hence no policy gradient). Unscorable completions (NaN) are ignored; a group needs two
   distinct finite values to be kept.
 - ``split_groups`` / ``collate_groups``: cut a scored batch (the dict TRL's ``_generate_and_score_completions``
   returns) into groups of ``G`` rows and put groups from different generation rounds back together, re-padding

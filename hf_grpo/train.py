@@ -133,7 +133,8 @@ def run(recipe: Recipe) -> dict:
             gen.request_timeout,
             gen.max_retries,
             gen.server_timeout,
-            gen.seed,
+            args.seed if gen.seed is None else gen.seed,  # reproducible sampling; layout.py documents this default
+            check_logprobs=gen.base_url is not None,  # the server command we start sets processed_logprobs
         )
     trainer = GRPOTrainer(
         generator=generator,

@@ -99,3 +99,33 @@ def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
     assert reports[0]["keep_digest"] == reports[1]["keep_digest"], "processes disagree on the kept groups"
     assert reports[0]["params"] == reports[1]["params"], "parameters diverged between processes"
     assert max(reports[0]["rounds"]) > 1, "the scripted reward should have forced extra generation rounds"
+
+
+def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
+    """Issue 14 #1: rank 0 deleted a low-ranked checkpoint while a slower rank was still writing into it, which
+    re-created ``checkpoint-N`` with that rank's files only; ``resume_from_checkpoint: auto`` then picked it."""
+    out = tmp_path / "topk"
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "accelerate_configs/cpu.yaml"),
+        "-m",
+        "tests.keep_top_k_check",
+        str(out),
+    ]
+    result = subprocess.run(
+        cmd,
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # the best: accuracy 1/step
+    assert json.loads((out / "checkpoint_scores.json").read_text()) == {"checkpoint-1": 1.0}
+    files = {p.name for p in (out / "checkpoint-1").iterdir()}
+    assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= files, files

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +107,11 @@ def test_layout_helpers():
         (["--generation.bakend", "vllm_server"], "did you mean 'backend'"),
         (["--generation.backend", "sglang"], "generation.backend must be one of"),
         (["--generation.backend", "vllm_server", "--generation.gpus", "[0, 1]"], "must list"),
+        (["--generation.backend", "vllm_server", "--use_dora", "true"], "use_dora: true: vLLM cannot hot-load DoRA"),
+        (
+            ["--generation.backend", "vllm_server", "--lora_modules_to_save", "[lm_head]"],
+            r"lora_modules_to_save: \['lm_head'\]: vLLM loads adapters only with modules_to_save None",
+        ),
     ],
 )
 def test_generation_section_errors(args, message):
@@ -221,6 +230,115 @@ def test_adapter_sync_changes_what_the_server_generates(policy_dir, tmp_path):
         trainer.generator.sync(trainer)
         second = trainer.generator.client.generate(prompt, model="policy-1", **greedy).completion_ids
     assert first != second
+
+
+def test_adapter_directories_stay_bounded_over_50_syncs(policy_dir, tmp_path):
+    """Issue 14 #3: one adapter per step used to stay on disk for the whole run; now the last two at most."""
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
+        adapters = tmp_path / "adapters"
+        (adapters / "step-7").mkdir(parents=True)  # left by an earlier run into the same output_dir
+        counts = []
+        for step in range(50):
+            trainer.state.global_step = step
+            with torch.no_grad():
+                for name, p in trainer.model.named_parameters():
+                    if "lora_B" in name:
+                        p.add_(0.01)
+            assert trainer.generator.sync(trainer)
+            counts.append(len(list(adapters.glob("step-*"))))
+            served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+            assert set(served) == {f"policy-{step}"}
+    assert max(counts) <= 2, counts
+    assert sorted(p.name for p in adapters.iterdir()) == ["step-48", "step-49"]
+
+
+def _fake_trainer(step: int, process: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        state=SimpleNamespace(global_step=step),
+        accelerator=SimpleNamespace(process_index=process),
+        max_completion_length=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        eos_token_ids=[],
+    )
+
+
+def test_seeded_requests_never_share_samples_across_processes_rounds_or_steps(policy_dir, tmp_path):
+    """Issue 14 #2: seed = base + 1000 * step + process made process 1's sample j repeat process 0's sample j + 1
+    (vLLM seeds sample i with seed + i), and every round of a step repeat the first. Seeds are now spaced apart."""
+    from hf_grpo.generation.server_generator import SEED_STRIDE
+
+    with start_in_thread(policy_dir) as server:
+        generator = ServerGenerator(server.url, tmp_path / "adapters", seed=0)
+        sent, original = [], generator.client.generate
+        generator.client.generate = lambda *a, **kw: sent.append(kw["seed"]) or original(*a, **kw)
+        prompt = [[5, 6, 7, 8]] * 4  # one group of 4 on each process
+        rows = {}
+        for step, process, round_ in [(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 0, 0)]:
+            rows[(step, process, round_)], _ = generator.generate(_fake_trainer(step, process), prompt, 4)
+    assert len(set(sent)) == 5
+    spans = sorted(sent)
+    assert all(b - a >= SEED_STRIDE for a, b in itertools.pairwise(spans)), "sample seed ranges overlap"
+    # what the old scheme produced: process 1's samples equal process 0's, shifted by one
+    p0, p1 = rows[(0, 0, 0)], rows[(0, 1, 0)]
+    assert p1[:3] != p0[1:], "process 1 repeats process 0's samples"
+    assert rows[(0, 0, 1)] != rows[(0, 0, 0)], "a second round of the same step repeats the first"
+
+
+@pytest.mark.parametrize(
+    "mode, dev_mode, warns",
+    [
+        ("raw_logprobs", True, "runs with --logprobs-mode raw_logprobs"),
+        ("processed_logprobs", False, "does not say its --logprobs-mode"),
+        ("processed_logprobs", True, None),
+    ],
+)
+def test_a_user_started_server_gets_trls_logprobs_mode_check(policy_dir, tmp_path, caplog, mode, dev_mode, warns):
+    """Issue 14 #5: TRL warns when the server's log-probs would bias the importance-sampling correction; our
+    generator is set up after TRL's checks, so it runs the same check itself."""
+    with (
+        start_in_thread(
+            policy_dir,
+            enable_lora=True,
+            max_lora_rank=8,
+            allow_runtime_lora_updating=True,
+            logprobs_mode=mode,
+            dev_mode=dev_mode,
+        ) as server,
+        caplog.at_level("WARNING", logger="hf_grpo.generation.server_generator"),
+    ):
+        make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
+    found = [r.getMessage() for r in caplog.records if "logprobs-mode" in r.getMessage()]
+    if warns is None:
+        assert not found, found
+    else:
+        assert any(warns in m for m in found), found
+
+
+def test_generation_kwargs_and_structured_outputs_reach_the_server(policy_dir, tmp_path):
+    """Issue 14 #5: TRL forwards generation_kwargs and vllm_structured_outputs_regex to vLLM; the generator dropped them."""
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        trainer = make_server_trainer(
+            policy_dir,
+            tmp_path,
+            server.url,
+            max_steps=1,
+            generation_kwargs={"min_tokens": 6},
+            max_completion_length=8,
+        )
+        trainer.train()
+        assert trainer.generator.extra_body == {"min_tokens": 6}
+        trainer.args.vllm_structured_outputs_regex = "[0-9]+"
+        trainer.generator.connect(trainer)
+        assert trainer.generator.extra_body["structured_outputs"] == {"regex": "[0-9]+"}
+    record = trainer.state.log_history[0]
+    assert record["completions/min_length"] >= 6, record  # min_tokens honoured by the server
 
 
 def test_a_flaky_server_is_retried(policy_dir, tmp_path):
@@ -364,3 +482,155 @@ def test_a_killed_server_ends_the_run_with_a_clear_error(policy_dir, tmp_path):
     assert proc.returncode not in (0, None)
     assert ended < 60, f"the run took {ended:.0f} s to stop after the server died"
     assert server.url in stderr and "vllm serve" in stderr
+
+
+RUN_MARK = "HF_GRPO_TEST_RUN_MARK"
+
+
+def marked_processes(mark: str) -> dict[int, str]:
+    """Live processes (not zombies) whose environment carries ``RUN_MARK=mark``: pid -> command line."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if f"{RUN_MARK}={mark}".encode() not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.miniature  # 40 s each: a whole launch; the miniature tier (CI, after the default tier) holds such runs
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_launcher_leaves_no_process_behind(policy_dir, tmp_path, signum):
+    """Issue 14 #7: the launcher, its vLLM server, accelerate and both training workers all end on SIGTERM / SIGINT
+    of the launcher while training runs."""
+    mark = f"{os.getpid()}-{signum}-{time.monotonic_ns()}"
+    launcher = subprocess.Popen(
+        [
+            sys.executable, "-m", "hf_grpo.train", *COMMON,
+            "--model_name_or_path", str(policy_dir), "--output_dir", str(tmp_path / "run"), "--max_steps", "500",
+            "--num_processes", "2", "--generation.backend", "vllm_server", "--generation.port", str(free_port()),
+            "--generation.serve_command", FIXTURE_SERVE, "--generation.server_timeout", "120",
+        ],
+        cwd=REPO, env={**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the server, accelerate and two workers: then training is under way
+            commands = list(marked_processes(mark).values())
+            if sum("fake_vllm_server" in c or "vllm_server" in c for c in commands) >= 1 and (
+                sum("hf_grpo.train" in c for c in commands) >= 4
+            ):
+                break
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the run did not start: {marked_processes(mark)}")
+        time.sleep(5)
+        launcher.send_signal(signum)
+        launcher.wait(timeout=120)
+        deadline = time.monotonic() + 15
+        while marked_processes(mark) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not marked_processes(mark), marked_processes(mark)
+    finally:
+        for pid in marked_processes(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
+    """Issue 14 #7: after the grace period the launcher killed only `accelerate launch`, orphaning its workers."""
+    mark = f"stubborn-{os.getpid()}-{signum}-{time.monotonic_ns()}"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.stubborn_launch"],
+        cwd=REPO,
+        env={**os.environ, RUN_MARK: mark},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert launcher.stdout.readline().strip() == "launched"
+        deadline = time.monotonic() + 30
+        while len(marked_processes(mark)) < 3 and time.monotonic() < deadline:  # launcher, launch, worker
+            time.sleep(0.2)
+        assert len(marked_processes(mark)) == 3, marked_processes(mark)
+        launcher.send_signal(signum)
+        assert launcher.wait(timeout=30) == 130
+        deadline = time.monotonic() + 10
+        while marked_processes(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not marked_processes(mark), marked_processes(mark)
+    finally:
+        for pid in marked_processes(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
+    """Issue 14 #7: stopping the server waited for the group leader only; an engine worker that outlives it (here one
+    that ignores SIGTERM) was left running, holding its GPU."""
+    from hf_grpo.generation.server import VLLMServerProcess
+
+    mark = f"server-{os.getpid()}-{time.monotonic_ns()}"
+    worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    leader = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(600)"
+    server = VLLMServerProcess(
+        [sys.executable, "-c", leader], {RUN_MARK: mark}, "http://127.0.0.1:9", tmp_path / "server.log", 10
+    )
+    server.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(marked_processes(mark)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(marked_processes(mark)) == 2, marked_processes(mark)
+        server.stop(grace_s=5)
+        deadline = time.monotonic() + 10
+        while marked_processes(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not marked_processes(mark), marked_processes(mark)
+    finally:
+        for pid in marked_processes(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "lora, refusal",
+    [
+        ({"use_dora": True}, "vLLM does not yet support DoRA."),
+        ({"modules_to_save": ["lm_head"]}, "vLLM only supports modules_to_save being None."),
+        ({"bias": "lora_only"}, "Adapter bias is not supported."),
+    ],
+    ids=["dora", "modules_to_save", "bias"],
+)
+def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, lora, refusal):
+    """Issue 14 #10: the stand-in loaded adapters that vLLM 0.22-0.31's PEFTHelper refuses."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(policy_dir), LoraConfig(r=8, target_modules=["q_proj", "v_proj"], **lora)
+    )
+    model.save_pretrained(tmp_path / "adapter")
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        answer = requests.post(
+            f"{server.url}/v1/load_lora_adapter",
+            json={"lora_name": "a", "lora_path": str(tmp_path / "adapter")},
+            timeout=60,
+        )
+        served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    assert answer.status_code == 500 and refusal in answer.text, answer.text
+    assert served == {}

@@ -87,6 +87,37 @@ def test_parameters_change_and_metrics_are_logged(tiny, tmp_path):
     assert record["time/generate"] > 0 and record["time/train"] > 0
 
 
+def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path):
+    """Issue 14 #6: TRL's prediction_step goes through _generate / _calculate_rewards; that time used to land in
+    the next training step's time/*. Here evaluation's reward sleeps 1.5 s; training's does not."""
+    import time
+
+    model, tokenizer, train = tiny
+    holder = {}
+
+    def slow_in_eval(prompts, completions, **kwargs):
+        if not holder["trainer"].model.training:
+            time.sleep(1.5)
+        return reward_scripts.alternating(prompts, completions)
+
+    trainer = GRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=slow_in_eval,
+        args=tiny_config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=16),
+        train_dataset=train,
+        eval_dataset=train.select(range(4)),
+        processing_class=tokenizer,
+        peft_config=tiny_lora(),
+    )
+    holder["trainer"] = trainer
+    trainer.train()
+    train_records = [r for r in trainer.state.log_history if "time/step" in r]
+    assert [r["step"] for r in train_records] == [1, 2]
+    assert any("eval_loss" in r or "eval_reward" in r for r in trainer.state.log_history), "no evaluation ran"
+    assert train_records[1]["time/reward"] < 1.0, train_records[1]
+    assert train_records[1]["time/step"] < train_records[0]["time/step"] + 1.0, train_records
+
+
 def test_dynamic_sampling_trains_only_on_groups_with_signal(tiny, tmp_path):
     trainer = make_trainer(
         tiny,
@@ -133,6 +164,45 @@ def test_exhausted_budget_fills_with_zero_advantage_groups(tiny, tmp_path, rewar
     assert all(torch.equal(before[n], after[n]) for n in before), "zero-advantage fill must not move the policy"
 
 
+def test_filled_groups_add_no_kl_gradient_and_no_loss_tokens(tiny, tmp_path):
+    """Issue 14 #8: zero-advantage fill groups still added KL gradient (beta > 0) and, under dapo, tokens to the loss
+    normaliser. Step 1 moves the adapter (rewards vary); steps 2-3 are filled entirely (rewards all 0). With plain SGD
+    (no momentum) and the fill groups out of the loss, steps 2-3 must leave the adapter where step 1 put it."""
+    holder = {}
+
+    def varies_then_flat(prompts, completions, **kwargs):
+        if holder["trainer"].state.global_step == 0:
+            return reward_scripts.alternating(prompts, completions)
+        return [0.0] * len(prompts)
+
+    trainer = make_trainer(
+        tiny,
+        tmp_path,
+        reward=varies_then_flat,
+        dynamic_sampling=True,
+        max_generation_batches=2,
+        beta=0.05,
+        loss_type="dapo",
+        optim="sgd",
+        learning_rate=0.5,
+    )
+    holder["trainer"] = trainer
+    batches, snapshots = capture_batches(trainer), []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots.append(trainable(trainer))
+
+    trainer.add_callback(Snapshot())
+    start = trainable(trainer)
+    trainer.train()
+    assert logged(trainer, "dynamic_sampling/exhausted") == [0.0, 1.0, 1.0]
+    assert any(not torch.equal(start[n], snapshots[0][n]) for n in start), "step 1 should have moved the adapter"
+    assert all(torch.equal(snapshots[0][n], snapshots[2][n]) for n in snapshots[0]), "fill groups moved the policy"
+    assert int(batches[1]["completion_mask"].sum()) == 0 and int(batches[1]["num_items_in_batch"]) == 0
+    assert int(batches[0]["completion_mask"].sum()) > 0
+
+
 def test_exhausted_budget_can_stop_the_run(tiny, tmp_path):
     trainer = make_trainer(
         tiny,
@@ -177,6 +247,8 @@ def test_rloo_advantages_are_leave_one_out(tiny, tmp_path):
     grouped = outputs[0]["advantages"].view(-1, 4)
     for row in grouped:  # rewards 0, 1, 0, 1 -> baselines 2/3, 1/3, 2/3, 1/3
         assert row.tolist() in (pytest.approx([-2 / 3, 2 / 3, -2 / 3, 2 / 3]), pytest.approx([0.0] * 4))
+    # the completions table (TRL's _logs, written before our advantages replace TRL's) shows the trained advantages
+    assert list(trainer._logs["advantages"]) == pytest.approx(outputs[0]["advantages"].tolist())
 
 
 def test_dr_grpo_estimator_disables_std_scaling(tmp_path):

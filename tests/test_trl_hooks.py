@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import torch
 import trl
 from packaging.version import Version
 
@@ -109,3 +110,122 @@ def test_scored_batch_keys_are_the_ones_dynamic_sampling_knows():
         "tool_mask",
     ):
         assert f'"{key}"' in source, key
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Drop-in for trl.GRPOTrainer (issue 14 #11, found by running TRL's own tests against our class)
+
+
+def _tiny_parts():
+    from hf_grpo.data import DataArguments, load_grpo_datasets
+    from hf_grpo.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=16, arithmetic_eval_size=4))
+    return build_model(tokenizer, hidden_size=32), tokenizer, train
+
+
+def test_no_args_builds_a_default_config_as_trl_does(tmp_path, monkeypatch):
+    from hf_grpo.config import HfGRPOConfig
+    from hf_grpo.rewards.functions import gsm8k_correctness
+
+    monkeypatch.chdir(tmp_path)
+    model, tokenizer, train = _tiny_parts()
+    trainer = GRPOTrainer(model=model, reward_funcs=gsm8k_correctness, train_dataset=train, processing_class=tokenizer)
+    assert isinstance(trainer.args, HfGRPOConfig)
+    assert trainer.args.output_dir.endswith("-GRPO") and trainer.args.dynamic_sampling is False
+
+
+def test_a_plain_trl_config_is_converted_with_its_values(tmp_path):
+    from hf_grpo.config import HfGRPOConfig
+    from hf_grpo.rewards.functions import gsm8k_correctness
+
+    model, tokenizer, train = _tiny_parts()
+    plain = trl.GRPOConfig(
+        str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        learning_rate=3e-4,
+        steps_per_generation=2,
+        report_to=[],
+        bf16=False,
+    )
+    trainer = GRPOTrainer(model, gsm8k_correctness, plain, train_dataset=train, processing_class=tokenizer)
+    assert isinstance(trainer.args, HfGRPOConfig)
+    for key in (
+        "output_dir",
+        "per_device_train_batch_size",
+        "num_generations",
+        "max_completion_length",
+        "learning_rate",
+        "steps_per_generation",
+        "generation_batch_size",
+    ):
+        assert getattr(trainer.args, key) == getattr(plain, key), key
+
+
+def test_wrong_args_type_fails_before_any_model_loads():
+    # a hub id that cannot load here: the TypeError must come first, naming the type
+    with pytest.raises(TypeError, match="HfGRPOConfig.*got dict"):
+        GRPOTrainer("no-such-org/no-such-model", reward_funcs=[], args={"learning_rate": 1e-5})
+
+
+def test_timing_wrapper_never_masks_the_parents_exception():
+    half_built = GRPOTrainer.__new__(GRPOTrainer)  # as during TRL's __init__: none of our attributes yet
+
+    def rollout_dispatch():
+        raise ValueError("the parent's own error")
+
+    with pytest.raises(ValueError, match="the parent's own error"):
+        half_built._timed("generate", rollout_dispatch)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Lines that restate TRL (issue 14 #9): each is compared with TRL's own result on the same batch, so an upgrade that
+# changes TRL's computation fails here.
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    """One generation batch scored by TRL's own _generate_and_score_completions, in training mode, with TRL computing
+    old_per_token_logps itself (steps_per_generation 2 > gradient_accumulation_steps 1)."""
+    from hf_grpo.config import HfGRPOConfig
+    from hf_grpo.tiny import warm_start
+
+    from . import reward_scripts
+
+    model, tokenizer, train = _tiny_parts()
+    warm_start(model, tokenizer, steps=20)
+    args = HfGRPOConfig(
+        str(tmp_path_factory.mktemp("pin")), per_device_train_batch_size=4, steps_per_generation=2, num_generations=4,
+        max_completion_length=6, report_to=[], bf16=False, seed=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model, [reward_scripts.alternating, reward_scripts.half_varying], args, train_dataset=train,
+        processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.model.train()
+    inputs = [train[i] for i in (0, 1) for _ in range(4)]
+    output = trl.GRPOTrainer._generate_and_score_completions(trainer, inputs)
+    return trainer, output
+
+
+def test_old_logps_match_trls(scored):
+    trainer, output = scored
+    assert output.get("old_per_token_logps") is not None, "TRL no longer computes old log-probs in this setting"
+    ours = trainer._old_logps(output)  # [B, C]
+    mask = output["completion_mask"].bool()
+    assert torch.allclose(ours[mask], output["old_per_token_logps"][mask], atol=1e-5)
+
+
+def test_num_items_in_batch_matches_trls(scored):
+    trainer, output = scored
+    mask = output["completion_mask"]  # what _dynamic_batch sums (times tool_mask, absent here)
+    assert int(trainer.accelerator.gather(mask.sum()).sum()) == int(output["num_items_in_batch"])
+
+
+def test_total_rewards_match_trls_logged_reward(scored):
+    trainer, _ = scored
+    total = trainer.total_rewards(trainer._last_rewards_per_func)  # [B*G]
+    assert trainer._metrics["train"]["reward"][-1] == pytest.approx(torch.nanmean(total).item())

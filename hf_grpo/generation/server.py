@@ -9,6 +9,7 @@ to ``log_path``, whose last lines are quoted when it fails to start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -41,12 +42,11 @@ class VLLMServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process for its lifetime
         logger.info("starting the vLLM server (log: %s): %s", self.log_path, " ".join(self.cmd))
-        self.process = subprocess.Popen(
-            self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_healthy(self) -> None:
         client = VLLMServerClient(self.url, connect_timeout=5.0, request_timeout=5.0)
@@ -71,17 +71,24 @@ class VLLMServerProcess:
         )
 
     def stop(self, grace_s: float = 30.0) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
+            return
+        if self.process.poll() is not None:  # the leader is gone; its workers may not be
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             return
         logger.info("stopping the vLLM server (pid %d)", self.process.pid)
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.kill()
             self.process.wait()
         except ProcessLookupError:
             pass
+        # the engine workers the server spawned share its group and may outlive it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     def __enter__(self) -> VLLMServerProcess:  # noqa: PYI034
         self.start()

@@ -2,7 +2,8 @@
 
 ``hf_grpo.GRPOTrainer`` calls, once per optimizer step, ``sync(trainer)``: the main process writes the current
 LoRA adapter as safetensors to ``adapter_dir/step-<N>`` (gathering ZeRO-3 shards first), loads it into the server
-as ``policy-<N>`` and unloads the previous one; every process waits for that before generating. ``generate`` then
+as ``policy-<N>`` and unloads the previous one; every process waits for that before generating. Only the current
+and the previous adapter stay on disk (a 7B r16 adapter is ~40 MB; one per step would be 40 GB over 1,000 steps). ``generate`` then
 sends each process's prompts (one request per batch, ``n`` samples per distinct prompt) and returns the completion
 token ids and sampled-token log-probabilities, which TRL uses for its importance-sampling correction.
 
@@ -15,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import shutil
 from pathlib import Path
 
+import requests
 from peft import get_peft_model_state_dict
 from safetensors.torch import save_file
 
@@ -55,6 +58,17 @@ def save_adapter(trainer, path: Path) -> str | None:
     return sha256_file(path / ADAPTER_FILE)
 
 
+SEED_STRIDE = 4096  # vLLM seeds sample i of an n-sample request with seed + i; n stays below this
+
+
+def request_seed(base: int, step: int, call: int, process: int) -> int:
+    """The seed of one request: distinct per (base, step, call within the step, process), and spaced so that the
+    ``seed + i`` of its samples never meet another request's. (``base + step + process`` made process 1's sample j
+    repeat process 0's sample j + 1, and every dynamic-sampling round and evaluation of a step repeat the first.)"""
+    digest = hashlib.sha256(f"{base}/{step}/{call}/{process}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") * SEED_STRIDE  # < 2**44
+
+
 class ServerGenerator:
     """Generates for ``hf_grpo.GRPOTrainer`` through a vLLM server, syncing only the LoRA adapter."""
 
@@ -66,19 +80,56 @@ class ServerGenerator:
         max_retries: int = 3,
         server_timeout: float = 600.0,
         seed: int | None = None,
+        check_logprobs: bool = True,
     ):
         self.client = VLLMServerClient(url, request_timeout=request_timeout, max_retries=max_retries)
         self.url, self.adapter_dir, self.server_timeout, self.seed = url, Path(adapter_dir), server_timeout, seed
+        self.check_logprobs = check_logprobs  # False for a server our launcher started with processed_logprobs
         self.adapter_name: str | None = None
         self.synced_step = -1
         self.adapter_sha256: str | None = None  # of the adapter the server serves now (main process)
         self.requests = 0
+        self.extra_body: dict = {}  # generation_kwargs and structured outputs, set by connect()
+        self._calls, self._calls_step = 0, None  # requests in the current step (rounds, evaluation)
 
     def connect(self, trainer) -> None:
         """Wait (bounded) for the server on the main process, then release the others."""
         if trainer.accelerator.is_main_process:
             self.client.wait_until_healthy(timeout_s=self.server_timeout)
+            if self.check_logprobs and trainer.vllm_importance_sampling_correction:
+                self.check_logprobs_mode()
         trainer.accelerator.wait_for_everyone()
+        # what TRL forwards to its vLLM engines, forwarded here too (vLLM's completions API takes both in the body)
+        self.extra_body = dict(trainer.args.generation_kwargs or {})
+        if trainer.args.vllm_structured_outputs_regex:
+            self.extra_body["structured_outputs"] = {"regex": trainer.args.vllm_structured_outputs_regex}
+
+    def check_logprobs_mode(self) -> str | None:
+        """TRL's start-up check, which a generator bypasses: the importance-sampling correction needs the server's
+        log-probs after temperature and logit processing. Warns (as TRL does) and returns the server's mode."""
+        try:
+            response = self.client.session.get(f"{self.url}/server_info", params={"config_format": "json"}, timeout=30)
+        except requests.RequestException as exc:
+            logger.warning("could not read the vLLM server's --logprobs-mode (%s)", exc)
+            return None
+        if response.status_code != 200:
+            logger.warning(
+                "the vLLM server at %s does not say its --logprobs-mode (GET /server_info: HTTP %d; it needs "
+                "VLLM_SERVER_DEV_MODE=1). Start it with --logprobs-mode processed_logprobs, or the importance-sampling "
+                "correction is biased; set vllm_importance_sampling_correction: false otherwise",
+                self.url,
+                response.status_code,
+            )
+            return None
+        mode = response.json().get("vllm_config", {}).get("model_config", {}).get("logprobs_mode")
+        if mode != "processed_logprobs":
+            logger.warning(
+                "the vLLM server at %s runs with --logprobs-mode %s, which biases the importance-sampling correction: "
+                "restart it with --logprobs-mode processed_logprobs, or set vllm_importance_sampling_correction: false",
+                self.url,
+                mode,
+            )
+        return mode
 
     def sync(self, trainer) -> bool:
         """Load the current adapter into the server if the policy changed since the last sync."""
@@ -94,9 +145,16 @@ class ServerGenerator:
                 self.client.unload_lora_adapter(previous, missing_ok=True)
             self.adapter_sha256 = sha256
             logger.debug("server now serves %s (sha256 %s)", name, sha256)
+            self._prune(keep={path.name, f"step-{self.synced_step}"})
         trainer.accelerator.wait_for_everyone()
         self.adapter_name, self.synced_step = name, step
         return True
+
+    def _prune(self, keep: set[str]) -> None:
+        """Delete the adapter directories the server no longer serves (older runs' too), keeping ``keep``."""
+        for old in self.adapter_dir.glob("step-*"):
+            if old.name not in keep and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
 
     def generate(self, trainer, prompt_ids: list[list[int]], num_generations: int):
         """(completion_ids, logprobs) for ``prompt_ids``, one completion per row, in order.
@@ -110,12 +168,15 @@ class ServerGenerator:
                 runs[-1] = (ids, runs[-1][1] + 1)
             else:
                 runs.append((ids, 1))
-        seed = None
-        if self.seed is not None:
-            seed = self.seed + 1_000 * trainer.state.global_step + trainer.accelerator.process_index
         samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in runs]  # per run: (ids, logprobs) x n
         for n in sorted({count for _, count in runs}):  # one request per distinct n (usually exactly one)
             chosen = [i for i, (_, count) in enumerate(runs) if count == n]
+            seed = None
+            if self.seed is not None:
+                step = trainer.state.global_step
+                self._calls = self._calls + 1 if self._calls_step == step else 0
+                self._calls_step = step
+                seed = request_seed(self.seed, step, self._calls, trainer.accelerator.process_index)
             result = self.client.generate(
                 [runs[i][0] for i in chosen],
                 n=n,
@@ -128,6 +189,7 @@ class ServerGenerator:
                 seed=seed,
                 model=self.adapter_name,
                 stop_token_ids=list(trainer.eos_token_ids),
+                extra_body=self.extra_body,
             )
             self.requests += 1
             for j, i in enumerate(chosen):  # the response is prompt-major: sample k of prompt j is at j * n + k

@@ -32,7 +32,8 @@ Routes (request and response fields spelled as vLLM spells them; the client-side
 - ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, only with runtime LoRA updating allowed (else 404
   ``{"detail": "Not Found"}``): reads ``adapter_config.json`` and ``adapter_model.safetensors`` from ``lora_path``
   and merges the adapter into a copy of the base with PEFT; ``load_inplace`` replaces a loaded name; vLLM's statuses
-  (already loaded 400, no adapter 404, rank above ``--max-lora-rank`` or LoRA disabled 500, unknown on unload 404).
+  (already loaded 400, no adapter 404, rank above ``--max-lora-rank``, DoRA, ``modules_to_save`` or a LoRA bias
+  (refused by vLLM's ``PEFTHelper``) or LoRA disabled 500, unknown on unload 404).
 - With ``VLLM_SERVER_DEV_MODE`` set, the development routes TRL 1.16's ``VLLMClient`` calls (paths, bodies and
   answers of vLLM 0.31's ``serve/dev`` routers): ``GET /server_info?config_format=json`` (``{"vllm_config": {...,
   "model_config": {..., "logprobs_mode"}, "weight_transfer_config": {"backend": "nccl"} | null}, "vllm_env",
@@ -126,6 +127,19 @@ INIT_INFO_FIELDS = {
     "packed_num_buffers",
 }
 UPDATE_INFO_FIELDS = ("names", "dtype_names", "shapes")
+
+
+def unsupported_lora_features(config) -> list[str]:
+    """What vLLM's adapter loader refuses in an adapter config (``PEFTHelper._validate_features`` and its bias check),
+    in vLLM's words; empty when vLLM would load it."""
+    problems = []
+    if getattr(config, "modules_to_save", None):
+        problems.append("vLLM only supports modules_to_save being None.")
+    if getattr(config, "use_dora", False):
+        problems.append("vLLM does not yet support DoRA.")
+    if getattr(config, "bias", "none") != "none":
+        problems.append("Adapter bias is not supported.")
+    return problems
 
 
 class ApiError(Exception):
@@ -570,6 +584,9 @@ class ServerApp:
                     f"LoRA rank {config.r} is greater than max_lora_rank {self.max_lora_rank}.",
                     "InternalServerError",
                 )
+            unsupported = unsupported_lora_features(config)
+            if unsupported:  # vLLM's PEFTHelper refuses these (vllm/lora/peft_helper.py, 0.22 to 0.31)
+                raise ApiError(500, f"Loading lora {name} failed: {' '.join(unsupported)}", "InternalServerError")
             model = self._merge(config, state)
         except ApiError:
             raise
