@@ -634,3 +634,27 @@ def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, 
         served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
     assert answer.status_code == 500 and refusal in answer.text, answer.text
     assert served == {}
+
+
+@pytest.mark.parametrize("numerics", ["float32", "bfloat16"])
+def test_importance_sampling_correction_engages_against_bf16_numerics(policy_dir, tmp_path, numerics):
+    """Issue 14 #10: with fp32 weights the stand-in returns the trainer's own log-probs, so TRL's importance-sampling
+    correction was never exercised. A bf16 stand-in differs from the trainer as a bf16 vLLM does: the sampler/trainer
+    log-prob gap and the correction ratio then move off 0 and 1."""
+    with start_in_thread(
+        policy_dir,
+        enable_lora=True,
+        max_lora_rank=8,
+        allow_runtime_lora_updating=True,
+        logprobs_mode="processed_logprobs",
+        numerics=numerics,
+    ) as server:
+        trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
+        trainer.train()
+    record = trainer.state.log_history[0]
+    gap = record["sampling/sampling_logp_difference/mean"]
+    ratio_min = record["sampling/importance_sampling_ratio/min"]
+    if numerics == "float32":
+        assert gap < 1e-4 and ratio_min > 0.999, record
+    else:
+        assert gap > 1e-3 and ratio_min < 0.999, record

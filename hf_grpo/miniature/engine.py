@@ -154,7 +154,10 @@ class SamplingEngine:
         seed: int | None = 0,
         trust_remote_code: bool = False,
         tokenizer: str | os.PathLike | None = None,
+        dtype: torch.dtype = torch.float32,
     ):
+        """``dtype``: the weights' dtype. float32 gives the trainer's own log-probs back (no sampler/trainer mismatch);
+        bfloat16 rounds like a bf16 vLLM engine, so TRL's importance-sampling correction has a mismatch to correct."""
         if logprobs_mode in UNSUPPORTED_LOGPROBS_MODES:
             raise NotImplementedError(f"logprobs_mode {logprobs_mode!r} is not implemented by hf_grpo's CPU stand-in")
         if logprobs_mode not in LOGPROBS_MODES:
@@ -162,7 +165,7 @@ class SamplingEngine:
         self.model_dir = str(model_dir)
         with _outside_zero3():
             self.model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+                model_dir, dtype=dtype, trust_remote_code=trust_remote_code
             ).eval()
         self.model.requires_grad_(False)
         try:

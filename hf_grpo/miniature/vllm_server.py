@@ -207,9 +207,15 @@ class ServerApp:
         dev_mode: bool = False,
         weight_transfer_config: dict | None = None,
         engine: SamplingEngine | None = None,
+        numerics: str = "float32",
     ):
+        # numerics="bfloat16": bf16 weights, so the served log-probs differ from the trainer's as a bf16 vLLM's do
         self.engine = engine or SamplingEngine(
-            model_dir, logprobs_mode=logprobs_mode, max_model_len=max_model_len, seed=seed
+            model_dir,
+            logprobs_mode=logprobs_mode,
+            max_model_len=max_model_len,
+            seed=seed,
+            dtype=getattr(torch, numerics),
         )
         self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
