@@ -232,24 +232,28 @@ def test_adapter_sync_changes_what_the_server_generates(policy_dir, tmp_path):
     assert first != second
 
 
-def test_adapter_directories_stay_bounded_over_50_syncs(policy_dir, tmp_path):
+def test_adapter_directories_stay_bounded_over_a_50_step_run(policy_dir, tmp_path):
     """Issue 14 #3: one adapter per step used to stay on disk for the whole run; now the last two at most."""
     with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
-        trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
+        trainer = make_server_trainer(
+            policy_dir, tmp_path, server.url, reward=reward_scripts.alternating, max_steps=50,
+            per_device_train_batch_size=4, max_completion_length=4,
+        )  # fmt: skip
         adapters = tmp_path / "adapters"
         (adapters / "step-7").mkdir(parents=True)  # left by an earlier run into the same output_dir
-        counts = []
-        for step in range(50):
-            trainer.state.global_step = step
-            with torch.no_grad():
-                for name, p in trainer.model.named_parameters():
-                    if "lora_B" in name:
-                        p.add_(0.01)
-            assert trainer.generator.sync(trainer)
+        counts, served, sync = [], [], trainer.generator.sync
+
+        def counted_sync(t):
+            synced = sync(t)
             counts.append(len(list(adapters.glob("step-*"))))
-            served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
-            assert set(served) == {f"policy-{step}"}
+            served.append(set(requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]))
+            return synced
+
+        trainer.generator.sync = counted_sync
+        trainer.train()
+    assert trainer.state.global_step == 50 and len(counts) == 50
     assert max(counts) <= 2, counts
+    assert all(len(names) == 1 for names in served), "the server should serve only the current adapter"
     assert sorted(p.name for p in adapters.iterdir()) == ["step-48", "step-49"]
 
 
@@ -507,39 +511,55 @@ def marked_processes(mark: str) -> dict[int, str]:
 @pytest.mark.distributed
 @pytest.mark.miniature  # 40 s each: a whole launch; the miniature tier (CI, after the default tier) holds such runs
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signalled_launcher_leaves_no_process_behind(policy_dir, tmp_path, signum):
+def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(policy_dir, tmp_path, signum):
     """Issue 14 #7: the launcher, its vLLM server, accelerate and both training workers all end on SIGTERM / SIGINT
-    of the launcher while training runs."""
+    of the launcher while training runs (after a checkpoint); the same command with resume auto then continues."""
     mark = f"{os.getpid()}-{signum}-{time.monotonic_ns()}"
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "hf_grpo.train", *COMMON,
+        "--model_name_or_path", str(policy_dir), "--output_dir", str(out), "--save_strategy", "steps",
+        "--save_steps", "2", "--num_processes", "2", "--generation.backend", "vllm_server",
+        "--generation.serve_command", FIXTURE_SERVE, "--generation.server_timeout", "120",
+        "--eval_before_after", "false",
+    ]  # fmt: skip
     launcher = subprocess.Popen(
-        [
-            sys.executable, "-m", "hf_grpo.train", *COMMON,
-            "--model_name_or_path", str(policy_dir), "--output_dir", str(tmp_path / "run"), "--max_steps", "500",
-            "--num_processes", "2", "--generation.backend", "vllm_server", "--generation.port", str(free_port()),
-            "--generation.serve_command", FIXTURE_SERVE, "--generation.server_timeout", "120",
-        ],
+        [*command, "--max_steps", "500", "--generation.port", str(free_port())],
         cwd=REPO, env={**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # the server, accelerate and two workers: then training is under way
+        while time.monotonic() < deadline:  # a complete checkpoint, then training is under way past it
             commands = list(marked_processes(mark).values())
-            if sum("fake_vllm_server" in c or "vllm_server" in c for c in commands) >= 1 and (
-                sum("hf_grpo.train" in c for c in commands) >= 4
-            ):
+            started = (
+                sum("vllm_server" in c for c in commands) >= 1 and sum("hf_grpo.train" in c for c in commands) >= 4
+            )
+            if started and any((c / "trainer_state.json").is_file() for c in out.glob("checkpoint-*")):
                 break
             assert launcher.poll() is None, launcher.stderr.read()[-3000:]
             time.sleep(0.5)
         else:
-            pytest.fail(f"the run did not start: {marked_processes(mark)}")
-        time.sleep(5)
+            pytest.fail(f"the run did not reach a checkpoint: {marked_processes(mark)}")
+        time.sleep(1)
         launcher.send_signal(signum)
         launcher.wait(timeout=120)
         deadline = time.monotonic() + 15
         while marked_processes(mark) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not marked_processes(mark), marked_processes(mark)
+        steps = sorted(
+            int(c.name.split("-")[1]) for c in out.glob("checkpoint-*") if (c / "trainer_state.json").is_file()
+        )
+        resumed = subprocess.run(
+            [*command, "--max_steps", str(steps[-1] + 2), "--generation.port", str(free_port()),
+             "--resume_from_checkpoint", "auto"],
+            cwd=REPO, env={**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"},
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        history = json.loads((out / "training_history.json").read_text())
+        assert max(r["step"] for r in history if "reward" in r) == steps[-1] + 2
     finally:
         for pid in marked_processes(mark):
             with contextlib.suppress(ProcessLookupError):
