@@ -309,15 +309,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
                 children.append(subprocess.Popen(command.argv, env=env, start_new_session=True))
         return _wait_all(children)
     except KeyboardInterrupt:
-        for child in children:
-            _signal_group(child, signal.SIGINT)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in children:
-            try:
-                child.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                _signal_group(child, signal.SIGKILL)
-                child.wait()
+        _stop_all(children, signal.SIGINT)
         return 130
     finally:
         for child in children:  # a launch that exited may leave workers behind in its group
@@ -335,24 +327,32 @@ def _signal_group(child, signum) -> None:
         pass
 
 
+def _stop_all(children, signum) -> None:
+    """Send ``signum`` to each running launch's process group; SIGKILL what still runs after ``STOP_GRACE_S``."""
+    import signal
+    import subprocess
+
+    for child in children:
+        if child.poll() is None:
+            _signal_group(child, signum)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in children:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+
+
 def _wait_all(children) -> int:
     """Wait for every training launch; when one fails, stop the others (a simulated machine would wait forever)."""
     import signal
-    import subprocess
 
     while True:
         codes = [child.poll() for child in children]
         failed = [code for code in codes if code not in (None, 0)]
         if failed:
-            for child, code in zip(children, codes, strict=True):
-                if code is None:
-                    _signal_group(child, signal.SIGTERM)
-            for child in children:
-                try:
-                    child.wait(timeout=STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    _signal_group(child, signal.SIGKILL)
-                    child.wait()
+            _stop_all(children, signal.SIGTERM)
             return failed[0]
         if all(code == 0 for code in codes):
             return 0

@@ -72,8 +72,8 @@ def test_tiny_recipe_under_zero2_cpu_offload_with_two_processes(tmp_path):
     assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)
 
 
-def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
-    out = tmp_path / "ranks.json"
+def launch_cpu_module(module: str, *args) -> subprocess.CompletedProcess:
+    """``accelerate launch`` with accelerate_configs/cpu.yaml (2 gloo processes) of ``python -m module args``."""
     cmd = [
         sys.executable,
         "-m",
@@ -81,10 +81,10 @@ def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
         "--config_file",
         str(REPO / "accelerate_configs/cpu.yaml"),
         "-m",
-        "tests.distributed_check",
-        str(out),
+        module,
+        *map(str, args),
     ]
-    result = subprocess.run(
+    return subprocess.run(
         cmd,
         check=False,
         cwd=REPO,
@@ -93,6 +93,11 @@ def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
         timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+
+
+def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
+    out = tmp_path / "ranks.json"
+    result = launch_cpu_module("tests.distributed_check", out)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = json.loads(out.read_text())
     assert [r["rank"] for r in reports] == [0, 1] and reports[0]["world_size"] == 2
@@ -105,25 +110,7 @@ def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
     """Issue 14 #1: rank 0 deleted a low-ranked checkpoint while a slower rank was still writing into it, which
     re-created ``checkpoint-N`` with that rank's files only; ``resume_from_checkpoint: auto`` then picked it."""
     out = tmp_path / "topk"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(REPO / "accelerate_configs/cpu.yaml"),
-        "-m",
-        "tests.keep_top_k_check",
-        str(out),
-    ]
-    result = subprocess.run(
-        cmd,
-        check=False,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    result = launch_cpu_module("tests.keep_top_k_check", out)
     assert result.returncode == 0, result.stderr[-4000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # the best: accuracy 1/step
     assert json.loads((out / "checkpoint_scores.json").read_text()) == {"checkpoint-1": 1.0}

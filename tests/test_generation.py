@@ -508,6 +508,21 @@ def marked_processes(mark: str) -> dict[int, str]:
     return found
 
 
+def kill_marked(mark: str) -> None:
+    """SIGKILL whatever a test's run left behind (cleanup; the assertions are the test's)."""
+    for pid in marked_processes(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_until(condition, timeout: float, interval: float = 0.2) -> bool:
+    """Poll ``condition()`` until it holds or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(interval)
+    return bool(condition())
+
+
 @pytest.mark.distributed
 @pytest.mark.miniature  # 40 s each: a whole launch; the miniature tier (CI, after the default tier) holds such runs
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -544,10 +559,7 @@ def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(polic
         time.sleep(1)
         launcher.send_signal(signum)
         launcher.wait(timeout=120)
-        deadline = time.monotonic() + 15
-        while marked_processes(mark) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not marked_processes(mark), marked_processes(mark)
+        assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
         steps = sorted(
             int(c.name.split("-")[1]) for c in out.glob("checkpoint-*") if (c / "trainer_state.json").is_file()
         )
@@ -561,9 +573,7 @@ def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(polic
         history = json.loads((out / "training_history.json").read_text())
         assert max(r["step"] for r in history if "reward" in r) == steps[-1] + 2
     finally:
-        for pid in marked_processes(mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(mark)
         if launcher.poll() is None:
             launcher.kill()
 
@@ -581,20 +591,13 @@ def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
     )
     try:
         assert launcher.stdout.readline().strip() == "launched"
-        deadline = time.monotonic() + 30
-        while len(marked_processes(mark)) < 3 and time.monotonic() < deadline:  # launcher, launch, worker
-            time.sleep(0.2)
-        assert len(marked_processes(mark)) == 3, marked_processes(mark)
+        # launcher, launch, worker
+        assert wait_until(lambda: len(marked_processes(mark)) == 3, 30), marked_processes(mark)
         launcher.send_signal(signum)
         assert launcher.wait(timeout=30) == 130
-        deadline = time.monotonic() + 10
-        while marked_processes(mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not marked_processes(mark), marked_processes(mark)
+        assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
     finally:
-        for pid in marked_processes(mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(mark)
         if launcher.poll() is None:
             launcher.kill()
 
@@ -612,19 +615,11 @@ def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
     )
     server.start()
     try:
-        deadline = time.monotonic() + 30
-        while len(marked_processes(mark)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert len(marked_processes(mark)) == 2, marked_processes(mark)
+        assert wait_until(lambda: len(marked_processes(mark)) == 2, 30), marked_processes(mark)
         server.stop(grace_s=5)
-        deadline = time.monotonic() + 10
-        while marked_processes(mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not marked_processes(mark), marked_processes(mark)
+        assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
     finally:
-        for pid in marked_processes(mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(mark)
 
 
 @pytest.mark.parametrize(
