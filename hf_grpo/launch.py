@@ -273,19 +273,23 @@ def needs_launcher(recipe) -> bool:
 
 
 STOP_GRACE_S = 60.0  # after SIGINT, how long the training processes get to stop before SIGKILL
+WATCHDOG_GRACE_S = 10.0  # after the launcher died, how long its process groups get between SIGTERM and SIGKILL
 
 
 def run_launcher(recipe, argv: list[str]) -> int:
     """Start the server (if any), wait for it, run the training launch(es), and stop everything whatever happens.
 
-    Each training launch runs in its own process group, so stopping it reaches accelerate's workers too: on SIGINT or
-    SIGTERM of the launcher they get SIGINT, then SIGKILL after ``STOP_GRACE_S``; whatever is left of a group when
-    the launcher ends is killed. A SIGKILLed launcher can do none of this (not handled yet).
+    The server and each training launch run in process groups of their own, so stopping one reaches its workers
+    too: on SIGINT or SIGTERM of the launcher the launches get SIGINT, then SIGKILL after ``STOP_GRACE_S``; whatever
+    is left of a group when the launcher ends is killed. A launcher that cannot do this (SIGKILLed, killed for
+    memory) leaves it to its watchdog (``hf_grpo.watchdog``), which then sends each group SIGTERM, then SIGKILL after
+    ``WATCHDOG_GRACE_S``.
     """
     import signal
     import subprocess
 
     from .generation.server import VLLMServerProcess
+    from .watchdog import Watchdog
 
     commands = plan_commands(recipe, argv)
     for command in commands:
@@ -295,18 +299,20 @@ def run_launcher(recipe, argv: list[str]) -> int:
     def terminate(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
+    watchdog = Watchdog(WATCHDOG_GRACE_S)
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         for command in commands:
             if command.role == "server":
                 log = Path(recipe.training.output_dir) / "vllm_server.log"
                 server = VLLMServerProcess(
-                    command.argv, command.env, command.url, log, recipe.generation.server_timeout
+                    command.argv, command.env, command.url, log, recipe.generation.server_timeout, watchdog.watch
                 )
                 server.__enter__()
             else:
                 env = {**os.environ, **command.env, LAUNCHED_ENV: "1"}
                 children.append(subprocess.Popen(command.argv, env=env, start_new_session=True))
+                watchdog.watch(children[-1].pid)
         return _wait_all(children)
     except KeyboardInterrupt:
         _stop_all(children, signal.SIGINT)
@@ -316,6 +322,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
             _signal_group(child, signal.SIGKILL)
         if server is not None:
             server.stop()
+        watchdog.dismiss()  # only now: should stopping be cut short, the watchdog finishes it
         signal.signal(signal.SIGTERM, previous)
 
 

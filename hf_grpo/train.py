@@ -84,17 +84,18 @@ def save_recipe(recipe: Recipe) -> None:
     write_json(out / VERSIONS_FILE, library_versions())
 
 
-def resume_target(args) -> str | bool | None:
-    """What to pass to ``Trainer.train(resume_from_checkpoint=...)``: ``auto``/``true`` resume when possible."""
-    from transformers.trainer_utils import get_last_checkpoint
+def resume_target(args, num_processes: int) -> str | None:
+    """What to pass to ``Trainer.train(resume_from_checkpoint=...)``: the newest complete checkpoint for ``auto``/``true``.
 
-    value = args.resume_from_checkpoint
-    if isinstance(value, str) and value.lower() in ("auto", "true"):
-        last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
-        if last:
-            logger.info("resuming from %s", last)
-        return last
-    return value
+    Raises RecipeError, before anything loads, for a checkpoint path that is incomplete, damaged or written by another
+    number of processes (``checkpoints.py``).
+    """
+    from .checkpoints import CheckpointError, resolve_resume
+
+    try:
+        return resolve_resume(args.resume_from_checkpoint, args.output_dir, num_processes)
+    except CheckpointError as exc:
+        raise RecipeError(str(exc)) from None
 
 
 def run(recipe: Recipe) -> dict:
@@ -115,6 +116,7 @@ def run(recipe: Recipe) -> dict:
 
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
     args = recipe.training
+    resume = resume_target(args, int(os.environ.get("WORLD_SIZE", "1")))  # before anything loads
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
     save_recipe(recipe)
@@ -157,7 +159,7 @@ def run(recipe: Recipe) -> dict:
         results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
     if evaluator is not None and args.task_eval_steps > 0:
         trainer.add_callback(evaluator.callback(trainer))
-    trainer.train(resume_from_checkpoint=resume_target(args))
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
 
     if evaluator is not None and args.eval_before_after:
@@ -255,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     apply_env(recipe)
     if needs_launcher(recipe):
         try:
+            resume_target(recipe.training, recipe.layout.num_processes)  # a bad checkpoint: before the launch
             return run_launcher(recipe, passthrough)
-        except ProgramNotFound as exc:
+        except (ProgramNotFound, RecipeError) as exc:
             print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
             return 2
     if recipe.generation.starts_server() and inside_launch():
@@ -267,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    run(recipe)
+    try:
+        run(recipe)
+    except RecipeError as exc:  # found by the checks run() makes before loading (the checkpoint to resume from)
+        print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
     return 0
 
 

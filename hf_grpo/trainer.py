@@ -13,8 +13,9 @@ Overridden TRL / transformers hooks (each pinned by a signature test in ``tests/
   training with ``dynamic_sampling``, the filter / fill / carry-over loop (see ``_dynamic_batch``).
 - ``training_step``: per-phase seconds of each optimizer step.
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the carried-over groups and the prompt stream position
-  are saved with every checkpoint and restored on resume, so a resumed run continues exactly; with ``keep_top_k``
-  only the best checkpoints by held-out accuracy are kept.
+  are saved with every checkpoint and restored on resume, so a resumed run continues exactly; once every process
+  has written, the checkpoint gets its completeness manifest (``checkpoints.py``); with ``keep_top_k`` only the
+  best checkpoints by held-out accuracy are kept.
 
 Dynamic sampling, per optimizer step (DAPO; verl ``filter_groups``, NeMo RL ``use_dynamic_sampling``):
 
@@ -54,6 +55,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id
 
+from .checkpoints import write_manifest
 from .config import HfGRPOConfig
 from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
 
@@ -235,6 +237,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         super()._save_checkpoint(model, trial)
         if self.args.dynamic_sampling:
             self._save_sampling_state(trial)
+        # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
+        # sampling state. Once all have, the manifest marks the checkpoint complete (checkpoints.py).
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            write_manifest(self._checkpoint_dir(trial), self.accelerator.num_processes, self.args.dynamic_sampling)
         if self.args.keep_top_k is not None:
             self._keep_best_checkpoints(trial)
         self.record_metric("time/checkpoint", time.perf_counter() - start)
@@ -254,10 +261,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 scores = json.load(f)
         scores[f"{PREFIX_CHECKPOINT_DIR}-{step}"] = accuracy
         ranked = sorted(scores, key=lambda name: (scores[name], int(name.rsplit("-", 1)[1])), reverse=True)
-        # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
-        # sampling state into the checkpoint that is about to be deleted (and would re-create it, incomplete)
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
+        if self.args.should_save:  # after _save_checkpoint's barrier: no process still writes into what is deleted
             for name in ranked[self.args.keep_top_k :]:
                 shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
             kept = {name: scores[name] for name in ranked[: self.args.keep_top_k]}

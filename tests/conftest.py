@@ -63,6 +63,20 @@ def tiny_lora():
 
 
 @pytest.fixture(scope="session")
+def policy_dir(tmp_path_factory):
+    """A warm-started tiny model on disk: the server loads it, the trainer loads it and adds LoRA."""
+    from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=64)
+    warm_start(model, tokenizer, steps=60)
+    path = tmp_path_factory.mktemp("policy")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random-init tiny model and tokenizer saved to disk (for servers and evaluators that load from a path)."""
     from hf_grpo.tiny import build_tiny

@@ -23,7 +23,6 @@ from hf_grpo.generation.layout import GenerationArguments, max_lora_rank, server
 from hf_grpo.generation.server_generator import ServerGenerator
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.rewards.functions import gsm8k_correctness
-from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.train import main
 from hf_grpo.trainer import GRPOTrainer
 
@@ -33,18 +32,6 @@ from .fixtures.fake_vllm_server import start_in_thread, start_subprocess
 
 
 FIXTURE_SERVE = f"[{sys.executable}, -m, tests.fixtures.fake_vllm_server, --model]"
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    """A warm-started tiny model on disk: the server loads it, the trainer loads it and adds LoRA."""
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, hidden_size=64)
-    warm_start(model, tokenizer, steps=60)
-    path = tmp_path_factory.mktemp("policy")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def free_port() -> int:
@@ -591,8 +578,8 @@ def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
     )
     try:
         assert launcher.stdout.readline().strip() == "launched"
-        # launcher, launch, worker
-        assert wait_until(lambda: len(marked_processes(mark)) == 3, 30), marked_processes(mark)
+        # launcher, its watchdog, launch, worker
+        assert wait_until(lambda: len(marked_processes(mark)) == 4, 30), marked_processes(mark)
         launcher.send_signal(signum)
         assert launcher.wait(timeout=30) == 130
         assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
@@ -600,6 +587,89 @@ def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
         kill_marked(mark)
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_sigkilled_launcher_leaves_no_process_behind(tmp_path):
+    """Issue 14: a SIGKILLed launcher stops nothing itself; its watchdog stops the server's and the training launch's
+    process groups, SIGKILLing the workers that ignore SIGTERM after its grace period."""
+    mark = f"sigkilled-{os.getpid()}-{time.monotonic_ns()}"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.stubborn_launch", "--server", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, RUN_MARK: mark},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert launcher.stdout.readline().strip() == "launched"
+        # launcher, server, engine worker, launch, worker (and, with its watchdog, one more)
+        assert wait_until(
+            lambda: sum("hf_grpo.watchdog" not in c for c in marked_processes(mark).values()) == 5, 30
+        ), marked_processes(mark)
+        launcher.kill()
+        launcher.wait()
+        assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
+        assert "hf_grpo watchdog: the launcher died" in launcher.stderr.read()
+    finally:
+        kill_marked(mark)
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_a_launch_that_ends_dismisses_its_watchdog(tmp_path):
+    """The launcher stops its groups itself, then its watchdog exits without signalling anything."""
+    mark = f"finished-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.stubborn_launch", "--server", str(tmp_path), "--finish"],
+            cwd=REPO,
+            env={**os.environ, RUN_MARK: mark},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert not [c for c in marked_processes(mark).values() if "hf_grpo.watchdog" in c]
+        assert "hf_grpo watchdog" not in result.stderr
+        assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
+    finally:
+        kill_marked(mark)
+
+
+@pytest.mark.parametrize("end", ["done", "eof"])
+def test_the_watchdog_stops_its_groups_only_when_the_launcher_dies(end):
+    """``done`` dismisses the watchdog, leaving the groups alone; end of file without it stops them all (SIGKILL for
+    a group that ignores SIGTERM)."""
+    from hf_grpo.watchdog import Watchdog
+
+    ignores_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
+    )
+    groups = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+        for code in ("import time; print(flush=True); time.sleep(600)", ignores_term)
+    ]
+    watchdog = Watchdog(grace_s=1.0)
+    try:
+        for group in groups:
+            group.stdout.readline()  # started, SIGTERM handler set
+            watchdog.watch(group.pid)
+        if end == "done":
+            watchdog.dismiss()
+            time.sleep(1.5)
+            assert [group.poll() for group in groups] == [None, None]
+        else:
+            watchdog.process.stdin.close()
+            assert watchdog.process.wait(timeout=10) == 0
+            assert [group.wait(timeout=1) for group in groups] == [-signal.SIGTERM, -signal.SIGKILL]
+    finally:
+        for group in groups:
+            group.kill()
+            group.communicate()
+        if watchdog.process.poll() is None:
+            watchdog.process.kill()
 
 
 def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
@@ -649,6 +719,53 @@ def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, 
         served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
     assert answer.status_code == 500 and refusal in answer.text, answer.text
     assert served == {}
+
+
+def test_the_standin_server_refuses_adapter_modules_vllm_does_not_apply_lora_to(policy_dir, tmp_path):
+    """Issue 14 #10: vLLM matches each adapter module's last name against the model's LoRA-able layers (linear
+    layers and embeddings) and refuses the adapter otherwise (a vision tower's LoRA, say); the stand-in merged it."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(policy_dir), LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
+    )
+    model.save_pretrained(tmp_path / "adapter")
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    state = load_file(weights)
+    a = next(k for k in state if k.endswith("q_proj.lora_A.weight"))
+    state["base_model.model.visual.blocks.0.attn.proj.lora_A.weight"] = state[a].clone()
+    save_file(state, weights)
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        answer = requests.post(
+            f"{server.url}/v1/load_lora_adapter",
+            json={"lora_name": "a", "lora_path": str(tmp_path / "adapter")},
+            timeout=60,
+        )
+        served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    assert answer.status_code == 500, answer.text
+    assert "expected target modules in" in answer.text and "but received ['visual.blocks.0.attn.proj']" in answer.text
+    assert "q_proj" in answer.text and served == {}
+
+
+def test_the_standin_command_line_serves_bf16_numerics(policy_dir):
+    """Issue 14 #10: the bf16 mode was reachable only in-process; ``--numerics bfloat16`` gives it to a launched
+    server (``generation.extra_args``). Its greedy log-probs then move off the fp32 server's."""
+
+    def prompt_logprobs(*extra):
+        server = start_subprocess(policy_dir, enable_lora=False, extra_args=list(extra))
+        try:
+            prompts = [f"{a} + {b} =" for a, b in ((12, 30), (7, 5), (48, 51), (3, 99))]
+            body = {"model": str(policy_dir.resolve()), "prompt": prompts, "max_tokens": 1, "temperature": 0}
+            answer = requests.post(f"{server.url}/v1/completions", json={**body, "logprobs": 0}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return torch.tensor([c["logprobs"]["token_logprobs"][0] for c in answer.json()["choices"]])
+        finally:
+            server.stop()
+
+    fp32, bf16 = prompt_logprobs(), prompt_logprobs("--numerics", "bfloat16")
+    assert fp32.shape == bf16.shape and (fp32 - bf16).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("numerics", ["float32", "bfloat16"])

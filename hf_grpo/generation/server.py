@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .vllm_client import VLLMServerClient
@@ -35,9 +36,18 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 class VLLMServerProcess:
-    def __init__(self, cmd: list[str], env: dict[str, str], url: str, log_path: str | Path, timeout_s: float):
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        url: str,
+        log_path: str | Path,
+        timeout_s: float,
+        on_start: Callable[[int], None] | None = None,
+    ):
+        """``on_start``: called with the server's pid (its process group's id) as soon as it is started."""
         self.cmd, self.env, self.url = cmd, env, url.rstrip("/")
-        self.log_path, self.timeout_s = Path(log_path), timeout_s
+        self.log_path, self.timeout_s, self.on_start = Path(log_path), timeout_s, on_start
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -47,6 +57,8 @@ class VLLMServerProcess:
             self.process = subprocess.Popen(
                 self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        if self.on_start is not None:
+            self.on_start(self.process.pid)
 
     def wait_healthy(self) -> None:
         client = VLLMServerClient(self.url, connect_timeout=5.0, request_timeout=5.0)

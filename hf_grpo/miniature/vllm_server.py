@@ -33,7 +33,8 @@ Routes (request and response fields spelled as vLLM spells them; the client-side
   ``{"detail": "Not Found"}``): reads ``adapter_config.json`` and ``adapter_model.safetensors`` from ``lora_path``
   and merges the adapter into a copy of the base with PEFT; ``load_inplace`` replaces a loaded name; vLLM's statuses
   (already loaded 400, no adapter 404, rank above ``--max-lora-rank``, DoRA, ``modules_to_save`` or a LoRA bias
-  (refused by vLLM's ``PEFTHelper``) or LoRA disabled 500, unknown on unload 404).
+  (refused by vLLM's ``PEFTHelper``), a module that is neither a linear layer nor an embedding (vLLM's "expected
+  target modules in ..."), or LoRA disabled 500, unknown on unload 404).
 - With ``VLLM_SERVER_DEV_MODE`` set, the development routes TRL 1.16's ``VLLMClient`` calls (paths, bodies and
   answers of vLLM 0.31's ``serve/dev`` routers): ``GET /server_info?config_format=json`` (``{"vllm_config": {...,
   "model_config": {..., "logprobs_mode"}, "weight_transfer_config": {"backend": "nccl"} | null}, "vllm_env",
@@ -52,7 +53,8 @@ Not implemented (400 saying so): ``stream``, ``echo``, ``prompt_logprobs``, beam
 ``logprob_token_ids``, structured outputs, ``logit_bias``, ``allowed_token_ids``, ``bad_words``. Not served (404):
 chat completions, tokenize, the other development routes (sleep, pause, collective RPC, ...). Known leniency: vLLM
 answers ``n > 1`` with temperature 0 with a 400 ("n must be 1 when using greedy sampling"); this server returns n
-identical greedy samples. Not mimicked: batching across requests, prefix caching, vLLM's numerics, API keys.
+identical greedy samples. Not mimicked: batching across requests, prefix caching, API keys, vLLM's numerics (``--numerics bfloat16``, not a
+vLLM flag, serves bf16 weights, so log-probs differ from an fp32 trainer's as a bf16 engine's do).
 
 Test-only controls under ``/fixture/`` (never counted, delayed or failed themselves): ``GET /fixture/adapters``
 (``{name: {lora_path, sha256, lora_int_id, load_count}}``), ``GET /fixture/stats`` (request counts),
@@ -140,6 +142,12 @@ def unsupported_lora_features(config) -> list[str]:
     if getattr(config, "bias", "none") != "none":
         problems.append("Adapter bias is not supported.")
     return problems
+
+
+def unexpected_lora_modules(state: dict, expected: set[str]) -> list[str]:
+    """The adapter's modules whose last name vLLM does not apply LoRA to (``LoRAModel.check_unexpected_modules``)."""
+    modules = {re.sub(r"\.lora_(A|B|embedding_A|embedding_B)(\.[^.]+)?\.weight$", "", key) for key in state}
+    return sorted(m.removeprefix("base_model.model.") for m in modules if m.rsplit(".", 1)[-1] not in expected)
 
 
 class ApiError(Exception):
@@ -593,6 +601,15 @@ class ServerApp:
             unsupported = unsupported_lora_features(config)
             if unsupported:  # vLLM's PEFTHelper refuses these (vllm/lora/peft_helper.py, 0.22 to 0.31)
                 raise ApiError(500, f"Loading lora {name} failed: {' '.join(unsupported)}", "InternalServerError")
+            # vLLM applies LoRA to the model's linear layers and its embeddings, matched by the module's last name
+            expected = {n.rsplit(".", 1)[-1] for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear)}
+            expected |= {"embed_tokens", "lm_head"}
+            unexpected = unexpected_lora_modules(state, expected)
+            if unexpected:
+                raise ValueError(
+                    f"While loading {path}, expected target modules in {sorted(expected)} but received {unexpected}. "
+                    "Please verify that the loaded LoRA module is correct"
+                )
             model = self._merge(config, state)
         except ApiError:
             raise
@@ -1049,6 +1066,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=None, help="no effect: one CPU worker")
     parser.add_argument("--weight-transfer-config", type=json.loads, default=None, help='e.g. {"backend": "nccl"}')
     parser.add_argument("--ready-file", default=None, help="write the URL here once serving (not vLLM's)")
+    parser.add_argument(
+        "--numerics",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bfloat16: serve bf16 weights, so log-probs differ from an fp32 trainer's as a bf16 vLLM's do (not vLLM's)",
+    )
     return parser
 
 
@@ -1146,6 +1169,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=0 if args.seed is None else args.seed,
             dev_mode=args.dev_mode,
             weight_transfer_config=args.weight_transfer_config,
+            numerics=args.numerics,
         )
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"vLLM stand-in: cannot load {args.model}: {exc}\n")

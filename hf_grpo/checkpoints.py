@@ -1,0 +1,121 @@
+"""Which checkpoints are complete, and which one a run resumes from.
+
+transformers writes ``checkpoint-N`` file by file, each process its own files, with no marker at the end: a run
+stopped while saving leaves a directory that ``get_last_checkpoint`` still picks, and the resume then fails after the
+model has loaded. Here, once every process has written its files (after a barrier), the main process writes a manifest,
+``hf_grpo_checkpoint.json``, last and atomically: the process count, whether the dynamic-sampling state is in it, and
+the size of every file. A checkpoint is complete when its manifest exists and every listed file has its size.
+
+``resume_from_checkpoint: auto`` takes the newest complete checkpoint and logs the ones it skipped and why; an explicit
+path that is incomplete or damaged is an error naming the file and the newest complete checkpoint, raised before any
+model loads (a path with no manifest but with transformers' ``trainer_state.json``, from another program, is taken
+unchecked, with a warning). A dynamic-sampling checkpoint carries each process's groups, so it resumes only on as many processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "hf_grpo_checkpoint.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the file and the alternative."""
+
+
+def write_manifest(folder: str | os.PathLike, num_processes: int, dynamic_sampling: bool) -> None:
+    """Mark ``folder`` complete: call on one process, after every process has written its files."""
+    folder = Path(folder)
+    files = {
+        str(path.relative_to(folder)): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST and not path.name.startswith(f"{MANIFEST}.")
+    }
+    manifest = {"num_processes": num_processes, "dynamic_sampling": dynamic_sampling, "files": files}
+    tmp = folder / f"{MANIFEST}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MANIFEST)
+
+
+def problem(folder: str | os.PathLike, num_processes: int | None = None) -> str | None:
+    """Why ``folder`` cannot be resumed from on ``num_processes`` processes, or None when it can."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"no {MANIFEST}: the run stopped while writing it (or another program wrote it)"
+    except (OSError, ValueError) as exc:
+        return f"{folder / MANIFEST} is unreadable ({exc})"
+    for name, size in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != size:
+            return f"{path} is {path.stat().st_size} bytes, {size} when it was saved (damaged)"
+    saved = manifest["num_processes"]
+    if num_processes is not None and manifest["dynamic_sampling"] and saved != num_processes:
+        return (
+            f"it holds the dynamic-sampling groups of {saved} training processes and this run has {num_processes}: "
+            f"resume with num_processes: {saved}"
+        )
+    return None
+
+
+def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-N`` directories of ``output_dir``, newest (highest N) first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = [p for p in output_dir.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)]
+    return sorted(found, key=lambda p: int(_CHECKPOINT.match(p.name).group(1)), reverse=True)
+
+
+def newest_complete(output_dir: str | os.PathLike, num_processes: int) -> tuple[Path | None, dict[Path, str]]:
+    """The newest checkpoint that resumes on ``num_processes`` processes, and the newer ones skipped with why."""
+    skipped = {}
+    for folder in checkpoints(output_dir):
+        why = problem(folder, num_processes)
+        if why is None:
+            return folder, skipped
+        skipped[folder] = why
+    return None, skipped
+
+
+def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
+    """What ``Trainer.train(resume_from_checkpoint=...)`` gets for the recipe's ``resume_from_checkpoint``.
+
+    ``auto``/``true``: the newest complete checkpoint in ``output_dir``, or None (start over). A path: itself, once
+    checked. Raises CheckpointError for a path that cannot be resumed from.
+    """
+    if value is None or value is False or (isinstance(value, str) and value.lower() in ("", "false", "none")):
+        return None
+    if value is True or value.lower() in ("auto", "true"):
+        found, skipped = newest_complete(output_dir, num_processes)
+        for folder, why in skipped.items():
+            logger.warning("resume: skipping %s: %s", folder, why)
+        if found is not None:
+            logger.info("resume: from %s", found)
+        elif skipped:
+            logger.warning("resume: no complete checkpoint in %s: starting from step 0", output_dir)
+        return str(found) if found is not None else None
+    why = problem(value, num_processes)
+    if why is not None and not (Path(value) / MANIFEST).exists() and (Path(value) / "trainer_state.json").is_file():
+        logger.warning("resume: %s has no %s (not written by hf_grpo?): its files are not checked", value, MANIFEST)
+        return value
+    if why is not None:
+        parent = Path(value).expanduser().resolve().parent
+        good, _ = newest_complete(parent, num_processes)
+        alternative = f"the newest complete one is {good}" if good else f"{parent} has no complete checkpoint"
+        raise CheckpointError(f"resume_from_checkpoint: {value} cannot be resumed from: {why}; {alternative}")
+    return value

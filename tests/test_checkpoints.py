@@ -1,0 +1,198 @@
+"""Checkpoint completeness (issue 14, issue 11 #3): the manifest written after every process has saved, and which
+checkpoint ``resume_from_checkpoint`` takes when the newest one is incomplete, damaged or from another process count."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hf_grpo.checkpoints import MANIFEST, CheckpointError, newest_complete, problem, resolve_resume
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.launch import free_port
+from hf_grpo.rewards.functions import gsm8k_correctness
+from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.trainer import GRPOTrainer
+
+from .conftest import REPO, run_module, tiny_config, tiny_lora
+from .test_generation import (
+    COMMON,
+    FIXTURE_SERVE,
+    RUN_MARK,
+    kill_marked,
+    marked_processes,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A real 3-step dynamic-sampling run that saved checkpoint-1, -2 and -3 (a single process)."""
+    out = tmp_path_factory.mktemp("saved") / "run"
+    tokenizer = build_tokenizer()
+    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
+    trainer = GRPOTrainer(
+        model=build_model(tokenizer, hidden_size=32),
+        reward_funcs=gsm8k_correctness,
+        args=tiny_config(
+            out, save_strategy="steps", save_steps=1, dynamic_sampling=True, dynamic_sampling_exhausted="fill"
+        ),
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=tiny_lora(),
+    )
+    trainer.train()
+    return out
+
+
+@pytest.fixture
+def run_dir(saved_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(saved_run, copy)
+    return copy
+
+
+def test_every_saved_checkpoint_has_a_manifest_listing_each_process_file(saved_run):
+    for step in (1, 2, 3):
+        folder = saved_run / f"checkpoint-{step}"
+        manifest = json.loads((folder / MANIFEST).read_text())
+        assert manifest["num_processes"] == 1 and manifest["dynamic_sampling"] is True
+        # transformers' files and ours, each with its size on disk
+        for name in ("trainer_state.json", "optimizer.pt", "rng_state.pth", "hf_grpo_state_rank0.json"):
+            assert manifest["files"][name] == (folder / name).stat().st_size, name
+        assert "adapter_model.safetensors" in manifest["files"]
+        assert problem(folder, 1) is None
+
+
+def test_auto_skips_a_checkpoint_stopped_mid_write_and_says_so(run_dir, caplog):
+    (run_dir / "checkpoint-3" / MANIFEST).unlink()  # the state a kill between the first and the last file leaves
+    (run_dir / "checkpoint-3" / "trainer_state.json").unlink()
+    with caplog.at_level(logging.INFO, logger="hf_grpo.checkpoints"):
+        assert resolve_resume("auto", str(run_dir), 1) == str(run_dir / "checkpoint-2")
+    assert "skipping" in caplog.text and "checkpoint-3" in caplog.text and MANIFEST in caplog.text
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "adapter_model.safetensors", "hf_grpo_pool_rank0.safetensors"])
+def test_a_truncated_file_is_named_and_the_previous_good_checkpoint_offered(run_dir, name):
+    damaged = run_dir / "checkpoint-3" / name
+    damaged.write_bytes(damaged.read_bytes()[:10])
+    assert newest_complete(run_dir, 1)[0] == run_dir / "checkpoint-2"
+    with pytest.raises(CheckpointError) as info:
+        resolve_resume(str(run_dir / "checkpoint-3"), str(run_dir), 1)
+    message = str(info.value)
+    assert str(damaged) in message and "damaged" in message and str(run_dir / "checkpoint-2") in message
+
+
+def test_a_missing_process_file_is_named(run_dir):
+    (run_dir / "checkpoint-2" / "hf_grpo_state_rank0.json").unlink()
+    assert "hf_grpo_state_rank0.json is missing" in problem(run_dir / "checkpoint-2", 1)
+
+
+def test_a_dynamic_sampling_checkpoint_resumes_only_on_as_many_processes(run_dir):
+    why = problem(run_dir / "checkpoint-3", 2)
+    assert "1 training processes" in why and "num_processes: 1" in why
+    found, skipped = newest_complete(run_dir, 2)
+    assert found is None and sorted(p.name for p in skipped) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert problem(run_dir / "checkpoint-3", 1) is None
+
+
+def test_auto_with_no_complete_checkpoint_starts_over(run_dir, caplog):
+    for folder in run_dir.glob("checkpoint-*"):
+        (folder / MANIFEST).unlink()
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
+        assert resolve_resume("auto", str(run_dir), 1) is None
+    assert "starting from step 0" in caplog.text
+    assert resolve_resume("auto", str(run_dir / "nothing-here"), 1) is None
+
+
+def test_an_explicit_checkpoint_from_another_program_is_taken_unchecked(run_dir, caplog):
+    (run_dir / "checkpoint-2" / MANIFEST).unlink()  # what stock transformers writes: trainer_state.json, no manifest
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
+        assert resolve_resume(str(run_dir / "checkpoint-2"), str(run_dir), 1) == str(run_dir / "checkpoint-2")
+    assert "not checked" in caplog.text
+
+
+def test_the_cli_refuses_a_damaged_checkpoint_before_loading_anything(run_dir):
+    damaged = run_dir / "checkpoint-3" / "optimizer.pt"
+    damaged.write_bytes(b"")
+    result = run_module(
+        "hf_grpo.train", "--output_dir", str(run_dir), "--resume_from_checkpoint", str(run_dir / "checkpoint-3"),
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(errors) == 1 and str(damaged) in errors[0] and "checkpoint-2" in errors[0]
+    assert "Traceback" not in result.stderr and "warm" not in result.stderr.lower()
+
+
+SLOW_SAVE_HOOK = REPO / "tests" / "slow_checkpoint"
+
+
+@pytest.mark.distributed
+@pytest.mark.miniature  # three whole launches (about 90 s): the miniature tier holds such runs
+def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and_resumes(policy_dir, tmp_path):
+    """Issue 14 (acceptance 2) and issue 11 #3: SIGTERM of the launcher while the vLLM server starts, then while the
+    training processes write a checkpoint, leaves no process; ``auto`` then skips the half-written checkpoint (the
+    old resume picked it and failed on its missing trainer_state.json) and continues from the previous one."""
+    mark = f"ckpt-{os.getpid()}-{time.monotonic_ns()}"
+    out, flag = tmp_path / "run", tmp_path / "saving"
+    command = [
+        sys.executable, "-m", "hf_grpo.train", *COMMON, "--model_name_or_path", str(policy_dir), "--output_dir",
+        str(out), "--save_strategy", "steps", "--save_steps", "2", "--num_processes", "2",
+        "--generation.backend", "vllm_server", "--generation.server_timeout", "120", "--eval_before_after", "false",
+    ]  # fmt: skip
+    env = {**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"}
+
+    def signalled(extra, env, ready):
+        launcher = subprocess.Popen(
+            [*command, *extra, "--generation.port", str(free_port())],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert wait_until(lambda: ready() or launcher.poll() is not None, 240), marked_processes(mark)
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            launcher.send_signal(signal.SIGTERM)
+            assert launcher.wait(timeout=120) == 130
+            assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
+        finally:
+            kill_marked(mark)
+            if launcher.poll() is None:
+                launcher.kill()
+
+    # 1. While the server starts (a server that never becomes healthy: a large model still loading)
+    never_healthy = f"[{sys.executable}, -c, 'import time; time.sleep(600)']"
+    signalled(
+        ["--max_steps", "500", "--generation.serve_command", never_healthy],
+        env,
+        lambda: any("sleep(600)" in c and "hf_grpo" not in c for c in marked_processes(mark).values()),  # not argv
+    )
+    assert not list(out.glob("checkpoint-*"))
+    # 2. While both training processes write checkpoint-4 (checkpoint-2 is complete)
+    signalled(
+        ["--max_steps", "500", "--generation.serve_command", FIXTURE_SERVE],
+        {**env, "PYTHONPATH": str(SLOW_SAVE_HOOK), "HF_GRPO_TEST_SLOW_SAVE": str(flag)},
+        flag.exists,
+    )
+    assert flag.read_text() == str(out / "checkpoint-4")
+    assert problem(out / "checkpoint-2", 2) is None
+    assert (out / "checkpoint-4" / "optimizer.pt").is_file() and not (out / "checkpoint-4" / MANIFEST).exists()
+    # 3. The same command resumes from checkpoint-2 and saves a complete checkpoint-4
+    resumed = subprocess.run(
+        [*command, "--max_steps", "6", "--generation.serve_command", FIXTURE_SERVE,
+         "--generation.port", str(free_port()), "--resume_from_checkpoint", "auto"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    kill_marked(mark)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"skipping {out / 'checkpoint-4'}" in resumed.stderr
+    assert f"resume: from {out / 'checkpoint-2'}" in resumed.stderr
+    history = json.loads((out / "training_history.json").read_text())
+    assert [r["step"] for r in history if "reward" in r][-4:] == [3, 4, 5, 6]
+    assert problem(out / "checkpoint-4", 2) is None and problem(out / "checkpoint-6", 2) is None
