@@ -31,12 +31,12 @@ from typing import Any
 import yaml
 
 from .config import HfGRPOConfig, ModelArguments
-from .data.loaders import DataArguments, is_local_file
+from .data.loaders import TRL_COLUMNS, DataArguments, is_local_file
 from .generation.layout import GenerationArguments, check_generation, trl_fields
 from .hardware import MINIATURE_HINT, hardware_problems
 from .launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
 from .miniature import Miniature
-from .rewards import RewardArguments, RewardLoadError, resolve_reward
+from .rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
 
 
 SECTIONS = {
@@ -389,8 +389,27 @@ def _check_data(data: DataArguments, where: str) -> None:
                 f"got {spec['task']!r}"
             )
         for key in ("prompt_column", "solution_column"):
-            if spec[key] is None:
-                raise RecipeError(f"{where}: dataset {name!r} has no preset, so set {key} (the column name)")
+            default = TRL_COLUMNS[key]  # a dataset in TRL's format: used when the data has the column
+            if spec[key] is None and not (is_local_file(name) and default in _local_columns(name)):
+                raise RecipeError(
+                    f"{where}: dataset {name!r} has no preset and no {default!r} column, so set {key} (the column name)"
+                )
+
+
+def _local_columns(path: str) -> set[str]:
+    """The columns of a local JSON Lines / JSON / CSV file, from its first record (empty when unknown)."""
+    import csv
+    import json
+
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as f:
+            if path.endswith(".csv"):
+                return set(next(csv.reader(f), []))
+            first = f.readline().strip()
+            record = json.loads(first) if path.endswith(".jsonl") else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return set()
+    return set(record) if isinstance(record, dict) else set()
 
 
 HALF_DTYPES = ("bfloat16", "float16")
@@ -567,7 +586,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     data_args = _build("data", values, where)
     rewards = _build("rewards", values, where)
     _check_data(data_args, where)
-    reward_names = [n.rpartition(":")[2] for n in rewards.reward_funcs]
+    reward_names = [reward_name(n) for n in rewards.reward_funcs]
     metric = values.get("dynamic_sampling_metric", "reward")
     if metric != "reward" and metric not in reward_names:
         raise RecipeError(

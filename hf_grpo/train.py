@@ -270,11 +270,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from .rewards.isolation import RewardFailedError
+
     try:
         run(recipe)
     except RecipeError as exc:  # found by the checks run() makes before loading (the checkpoint to resume from)
         print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    except RewardFailedError as exc:  # a reward failing on every completion, stopped early (reward_max_failed_calls)
+        print(f"\nhf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201  (on a line of its own, after tqdm's)
+        return 1
     return 0
 
 

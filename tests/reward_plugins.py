@@ -10,6 +10,7 @@ an async one (neither is isolated).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 
@@ -53,9 +54,12 @@ def scaled_length(completions, scale: float = 1.0, **kwargs) -> list[float]:
 
 
 def echo_kwargs(completions, prompts=None, completion_ids=None, **kwargs) -> list[float]:
-    """Checks the single-completion call shape: one prompt, one id list, one value per column, no trainer objects."""
+    """Checks the single-completion call shape: one prompt, one id list, one value per column, TRL's logging
+    callables (proxies in a worker), no environments."""
     assert len(completions) == 1 and len(prompts) == 1 and len(completion_ids) == 1, (completions, prompts)
-    assert not {"trainer_state", "log_extra", "log_metric", "environments"} & set(kwargs), sorted(kwargs)
+    assert callable(kwargs.pop("log_metric")) and callable(kwargs.pop("log_extra")), sorted(kwargs)
+    kwargs.pop("trainer_state", None)  # TRL passes it from a trainer; a direct call has none
+    assert "environments" not in kwargs, sorted(kwargs)
     assert all(isinstance(v, list) and len(v) == 1 for v in kwargs.values()), kwargs
     return [float(len(completion_ids[0]) + len(kwargs["solution"][0]))]
 
@@ -87,3 +91,28 @@ def hangs_once(completions, marker: str, **kwargs) -> list[float]:
         return [1.0] * len(completions)
     while True:
         time.sleep(3600)
+
+
+def unsloth_answer(prompts, completions, answer, **kwargs) -> list[float]:
+    """An Unsloth-notebook-style reward: the dataset's own ``answer`` column by keyword; 2.0 when the completion's
+    last number equals it. Also checks that a prompt arrives in its dataset format (a string, or TRL's messages)."""
+    rewards = []
+    for prompt, completion, gold in zip(prompts, completions, answer, strict=True):
+        assert isinstance(prompt, str) or all(isinstance(m, dict) and "role" in m for m in prompt), prompt
+        numbers = re.findall(r"-?\d+", _text(completion))
+        rewards.append(2.0 if numbers and numbers[-1] == str(gold).split("####")[-1].strip() else 0.0)
+    return rewards
+
+
+def logs_everything(completions, trainer_state, log_metric, log_extra, level, **kwargs) -> list[float]:
+    """Logs a metric (the mean completion length) and an extra column (the ``level`` column), and rewards
+    ``level / 10 + step / 1000``, so that a missing column or trainer state shows in the reward."""
+    lengths = [len(_text(c)) for c in completions]
+    log_metric("contract/mean_length", sum(lengths) / len(lengths))
+    log_extra("contract_level", list(level))
+    return [lv / 10 + trainer_state.global_step / 1000 for lv in level]
+
+
+def wrong_signature(prompts, completions) -> list[float]:
+    """A reward whose signature TRL cannot call (no ``**kwargs`` for the columns): it fails on every completion."""
+    return [0.0] * len(completions)

@@ -14,8 +14,13 @@ name (alias)           hub id                        task      problem / gold co
 ``openmathinstruct2``  nvidia/OpenMathInstruct-2     math      problem / expected_answer  train_1M (train: 14M)
 =====================  ============================  ========  ========================  ====================
 
-Any other hub id works with explicit ``prompt_column`` / ``solution_column`` / ``task``; a local ``.jsonl``,
-``.json``, ``.parquet`` or ``.csv`` file goes through the matching ``datasets`` builder.
+Any other hub id works with explicit ``prompt_column`` / ``solution_column`` / ``task`` (the columns default to
+TRL's names, ``prompt`` and ``solution``, when the data has them); a local ``.jsonl``, ``.json``, ``.parquet`` or
+``.csv`` file goes through the matching ``datasets`` builder.
+
+A prompt that is already conversational (TRL's list of ``{"role", "content"}`` messages) is used as it is; a string
+goes through ``prompt_template`` / ``prompt_style``. Every other column of the data is kept, because TRL passes each
+column to the reward functions by name (an Unsloth-style ``answer`` keyword, say).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from datasets import Dataset, load_dataset
 from trl import ScriptArguments
 
-from ..rewards.grading import TASKS, gsm8k_gold
+from ..rewards.grading import TASKS, check_gold_format, gsm8k_gold
 from . import arithmetic
 
 
@@ -186,6 +191,15 @@ def format_prompt(question: str, args: DataArguments):
     return messages + [{"role": "user", "content": text}]
 
 
+def is_conversation(value) -> bool:
+    """Whether ``value`` is a prompt in TRL's conversational format: a list of ``{"role", "content"}`` messages."""
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    )
+
+
 def local_builder(path: str) -> str:
     """The ``datasets`` builder for a local data file (``json``, ``parquet``, ``csv``)."""
     return LOCAL_BUILDERS[os.path.splitext(path)[1].lower()]
@@ -236,8 +250,15 @@ def _raw_splits(args: DataArguments, seed: int) -> tuple[Dataset, Dataset | None
     return loaded["train"], loaded.get("eval")
 
 
+TRL_COLUMNS = {"prompt_column": "prompt", "solution_column": "solution"}  # what a TRL-format dataset calls them
+GOLD_SAMPLE = 200  # gold answers checked against the task's format (check_gold_format)
+
+
 def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Dataset:
+    spec = dict(spec)
     for key in ("prompt_column", "solution_column"):
+        if spec[key] is None and TRL_COLUMNS[key] in raw.column_names:
+            spec[key] = TRL_COLUMNS[key]
         column = spec[key]
         if column is None:
             raise ValueError(f"{key} is not set and {spec['name']!r} has no preset; set {key} in the recipe")
@@ -252,6 +273,12 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
         gold = str(row[gold_col])
         return gsm8k_gold(gold) is not None if task == "gsm8k" else bool(gold.strip())
 
+    sample = [str(gold) for gold in raw.select(range(min(len(raw), GOLD_SAMPLE)))[gold_col]]
+    mismatch = check_gold_format(task, sample)
+    if mismatch is not None:  # a gold column that does not match the task: wrong task or solution_column
+        logger.warning(
+            "%s data %r, column %r: %s; check task and solution_column", where, spec["name"], gold_col, mismatch
+        )
     kept = raw.filter(readable, desc=f"checking {where} gold answers")
     if len(kept) < len(raw):
         example = next(str(r[gold_col]) for r in raw if not readable(r))
@@ -265,11 +292,14 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
         )
     if len(kept) == 0:
         raise ValueError(f"{where} data: no row has a gold answer gradable as task={task!r}")
-    return kept.map(
-        lambda row: {"prompt": format_prompt(str(row[prompt_col]), args), "solution": str(row[gold_col])},
-        remove_columns=kept.column_names,
-        desc=f"formatting {where} prompts",
-    )
+
+    def to_grpo(row) -> dict:
+        prompt = row[prompt_col]  # a conversational prompt (TRL's format) is used as it is
+        prompt = prompt if is_conversation(prompt) else format_prompt(str(prompt), args)
+        return {"prompt": prompt, "solution": str(row[gold_col])}
+
+    # The dataset's other columns stay: TRL passes every column to the reward functions (``answer=``, ``level=``...)
+    return kept.map(to_grpo, desc=f"formatting {where} prompts")
 
 
 def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dataset | None]:

@@ -147,7 +147,7 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
 def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
     from ..data.loaders import DataArguments, is_local_file, source_splits
     from ..recipe import section_values
-    from ..rewards import RewardArguments
+    from ..rewards import RewardArguments, reward_name
 
     data = DataArguments(**section_values(values, "data"))
     rewards = section_values(values, "rewards").get("reward_funcs") or RewardArguments().reward_funcs
@@ -171,7 +171,7 @@ def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
         )
     task = data.resolved()["task"] or "gsm8k"
     family, source = architecture_family(model)
-    style = answer_style([r.rpartition(":")[2].rpartition(".")[2] for r in rewards], task, data.prompt_style)
+    style = answer_style([reward_name(r) for r in rewards], task, data.prompt_style)
     mini.assets = AssetSpec(
         family=family,
         seed=current("seed"),

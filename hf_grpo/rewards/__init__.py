@@ -1,8 +1,22 @@
 """Rewards: grading, the built-in reward functions, and how a recipe names them.
 
-``reward_funcs`` in a recipe lists built-in names (see ``REWARD_FUNCS``) or ``module.path:function`` for a user's
-own function; ``reward_kwargs`` passes keyword arguments to one of them by name, and TRL's ``reward_weights``
-scales them. ``grade`` is the single grading function every part of the project uses.
+``reward_funcs`` in a recipe names each reward in one of these spellings (``resolve_reward``), tried in this order:
+
+- ``module.path:function``: a function in an importable module (the recipe's directory is importable).
+- a built-in name (``REWARD_FUNCS``: ``gsm8k_correctness``, ``hash_format``, ...).
+- a TRL reward name, as ``trl grpo --reward_funcs`` accepts it (``trl_reward_names()``: ``accuracy_reward``,
+  ``reasoning_accuracy_reward``, ``think_format_reward``, ``get_soft_overlong_punishment``, ...): TRL's function
+  itself. TRL's factories (``get_*``) stand for a reward taking the factory's arguments from ``reward_kwargs``
+  (``TRL_FACTORY_REWARDS``; ``get_soft_overlong_punishment`` defaults to ``trl grpo``'s 1280 / 256 tokens).
+- a dotted path, ``trl.rewards.accuracy_reward`` or ``my_pkg.rewards.fn``: split at the last dot, the module part
+  imported (TRL's factories are replaced as above).
+
+A built-in name wins over a TRL name that is spelled the same (none is today). A reward's metrics
+(``rewards/<name>/...``) and its ``reward_kwargs`` entry use ``reward_name``: the function name of the spelling
+(``accuracy_reward`` for all three spellings of it). TRL's ``accuracy_reward`` and ``think_format_reward`` read
+conversational completions only (``prompt_style: chat``). ``reward_kwargs`` passes keyword arguments to a reward by
+its name in ``reward_funcs``, and TRL's ``reward_weights`` scales them. ``grade`` is the single grading function
+every part of the project uses.
 
 ``load_reward_funcs`` returns the callables for TRL. With ``reward_isolation`` (the default) they run in a pool of
 ``reward_workers`` warm worker processes with a hard ``reward_timeout`` per completion (``hf_grpo.rewards.isolation``):
@@ -12,8 +26,10 @@ is counted in ``rewards/<name>/timeouts`` / ``rewards/<name>/errors``.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -21,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .functions import REWARD_FUNCS, completion_text
+from .functions import REWARD_FUNCS, TRL_FACTORY_REWARDS, completion_text
 from .grading import GRADES, grade
 
 
@@ -35,9 +51,11 @@ class RewardArguments:
 
     Args:
         reward_funcs (`list[str]`, defaults to `["gsm8k_correctness"]`):
-            Built-in reward names or `module.path:function` for your own (called like TRL calls reward functions:
-            `fn(prompts=..., completions=..., completion_ids=..., **dataset_columns)`, returning one float or None
-            per completion).
+            Built-in reward names (`REWARD_FUNCS`), TRL's reward names as `trl grpo` accepts them (`accuracy_reward`,
+            `think_format_reward`, `get_soft_overlong_punishment`, ...; a built-in name wins over a TRL one spelled
+            the same), or your own as `module.path:function` or `module.path.function` (`trl.rewards.accuracy_reward`
+            works too). A reward is called like TRL calls reward functions: `fn(prompts=..., completions=...,
+            completion_ids=..., **dataset_columns)`, returning one float or None per completion.
         reward_kwargs (`dict`, *optional*):
             Keyword arguments per reward name, e.g. `{soft_overlong: {max_completion_len: 512, cache: 128}}`.
         reward_isolation (`bool`, defaults to `True`):
@@ -51,6 +69,10 @@ class RewardArguments:
         reward_timeout (`float`, defaults to `10.0`):
             Seconds one completion may take to score before its worker is killed and replaced and the completion gets
             no reward. Only with `reward_isolation`.
+        reward_max_failed_calls (`int`, defaults to `3`):
+            Stop the run when an isolated reward fails (raises or times out) on every completion of this many
+            consecutive calls: a broken reward (a wrong signature, a missing column) must not cost a night of training
+            on no rewards. The error names the reward, its exception and a sample input.
         reward_workers (`int`, *optional*):
             Reward worker processes per training process. Defaults to the CPU cores available, divided among the
             training processes on the machine (at least 1). Only with `reward_isolation`.
@@ -58,7 +80,10 @@ class RewardArguments:
 
     reward_funcs: list[str] = field(
         default_factory=lambda: ["gsm8k_correctness"],
-        metadata={"help": "Built-in reward names or `module.path:function`."},
+        metadata={
+            "help": "Built-in reward names, TRL's reward names (`accuracy_reward`, `think_format_reward`, ...; a "
+            "built-in wins over a TRL name spelled the same), or `module.path:function` / `module.path.function`."
+        },
     )
     reward_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments per reward name."})
     reward_isolation: bool = field(
@@ -72,6 +97,10 @@ class RewardArguments:
         default=10.0,
         metadata={"help": "Seconds per completion before its reward worker is killed and it gets no reward."},
     )
+    reward_max_failed_calls: int = field(
+        default=3,
+        metadata={"help": "Stop when an isolated reward fails on every completion of this many consecutive calls."},
+    )
     reward_workers: int | None = field(
         default=None,
         metadata={"help": "Reward worker processes (default: the CPU cores, divided among local training processes)."},
@@ -80,6 +109,8 @@ class RewardArguments:
     def __post_init__(self):
         if not self.reward_timeout > 0:
             raise ValueError(f"reward_timeout must be positive, got {self.reward_timeout}")
+        if self.reward_max_failed_calls < 1:
+            raise ValueError(f"reward_max_failed_calls must be at least 1, got {self.reward_max_failed_calls}")
         if self.reward_workers is not None and self.reward_workers < 1:
             raise ValueError(f"reward_workers must be at least 1, got {self.reward_workers}")
 
@@ -88,15 +119,61 @@ class RewardLoadError(ValueError):
     """A reward named in a recipe cannot be found or imported."""
 
 
+TRL_REWARDS_MODULE = "trl.rewards"
+
+
+@functools.cache
+def trl_reward_names() -> tuple[str, ...]:
+    """The reward names TRL exports in the installed version (``trl.rewards``): its reward functions, and those of
+    its factories that ``TRL_FACTORY_REWARDS`` stands in for."""
+    module = importlib.import_module(TRL_REWARDS_MODULE)
+    names = []
+    for name in module.__all__:
+        fn = getattr(module, name)
+        if inspect.isfunction(fn) and (name in TRL_FACTORY_REWARDS or not name.startswith("get_")):
+            names.append(name)
+    return tuple(names)
+
+
 def resolve_reward(name: str) -> Callable:
-    """The function a recipe's reward name refers to (built-in name or ``module.path:function``)."""
-    if name in REWARD_FUNCS:
+    """The function a recipe's reward name refers to; ``RewardLoadError`` (with a did-you-mean) when there is none.
+
+    Spellings, in this order: ``module.path:function``; a built-in name (``REWARD_FUNCS``); a TRL reward name
+    (``trl_reward_names()``); a dotted path ``module.path.function``. A TRL factory resolves to its stand-in in
+    ``TRL_FACTORY_REWARDS``. Every result is a module-level function, so it pickles by reference for the workers.
+
+    >>> resolve_reward("trl.rewards.think_format_reward") is resolve_reward("think_format_reward")
+    True
+    """
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        return _import_reward(name, module_name, attr)
+    if name in REWARD_FUNCS:  # ours first: a built-in name wins over a TRL one spelled the same
         return REWARD_FUNCS[name]
-    if ":" not in name:
-        raise RewardLoadError(
-            f"reward_funcs: unknown reward {name!r}; use one of {sorted(REWARD_FUNCS)} or 'module.path:function'"
-        )
-    module_name, _, attr = name.partition(":")
+    if name in trl_reward_names():
+        return _trl_reward(getattr(importlib.import_module(TRL_REWARDS_MODULE), name))
+    if "." in name:
+        module_name, _, attr = name.rpartition(".")
+        return _import_reward(name, module_name, attr)
+    close = _close_matches(name, [*REWARD_FUNCS, *trl_reward_names()])
+    raise RewardLoadError(
+        f"reward_funcs: unknown reward {name!r}{f' (did you mean {close}?)' if close else ''}. Use a built-in reward "
+        f"{sorted(REWARD_FUNCS)}, one of TRL's {sorted(trl_reward_names())}, or your own function as "
+        "'module.path:function' or 'module.path.function'"
+    )
+
+
+def reward_name(name: str) -> str:
+    """The name a reward's metrics are logged under: the function name of any spelling.
+
+    >>> [reward_name(n) for n in ("accuracy_reward", "trl.rewards.accuracy_reward", "trl.rewards:accuracy_reward")]
+    ['accuracy_reward', 'accuracy_reward', 'accuracy_reward']
+    """
+    return name.rpartition(":")[2].rpartition(".")[2]
+
+
+def _import_reward(name: str, module_name: str, attr: str) -> Callable:
+    """``attr`` of ``module_name``, imported (from the working directory too); TRL's factories are replaced."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # let recipes name modules that sit next to them
     try:
@@ -105,13 +182,47 @@ def resolve_reward(name: str) -> Callable:
         raise RewardLoadError(f"reward_funcs: cannot import module {module_name!r} for {name!r}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise RewardLoadError(f"reward_funcs: module {module_name!r} has no callable {attr!r} (from {name!r})")
+        callables = [key for key in dir(module) if not key.startswith("_") and _is_function(getattr(module, key))]
+        close = _close_matches(attr, callables)
+        raise RewardLoadError(
+            f"reward_funcs: module {module_name!r} has no callable {attr!r} (from {name!r})"
+            f"{f'; did you mean {close}?' if close else ''}"
+        )
+    return _trl_reward(fn)
+
+
+def _is_function(obj: Any) -> bool:
+    return callable(obj) and not inspect.isclass(obj)
+
+
+def _trl_reward(fn: Callable) -> Callable:
+    """``fn``, or the stand-in reward for it when it is one of TRL's reward factories."""
+    if not (getattr(fn, "__module__", None) or "").startswith(TRL_REWARDS_MODULE + "."):
+        return fn
+    name = getattr(fn, "__name__", "")
+    if name in TRL_FACTORY_REWARDS:
+        return TRL_FACTORY_REWARDS[name]
+    if name.startswith("get_"):
+        raise RewardLoadError(
+            f"reward_funcs: TRL's {name!r} builds a reward rather than being one; call it in a module-level function "
+            "of your own module and name that"
+        )
     return fn
 
 
-def reward_name(name: str) -> str:
-    """The name a reward's metrics are logged under (the function name for ``module:function``)."""
-    return name.rpartition(":")[2]
+def _close_matches(name: str, candidates: list[str]) -> str:
+    """The (up to 3) candidates closest to ``name``, ignoring case, best first, as ``"'x' or 'y'"``; ``""`` if none.
+
+    difflib's closest matches come first, then candidates that start with or contain ``name`` (``gsm8k`` is too
+    short for difflib to match ``gsm8k_correctness``).
+    """
+    by_lower = {candidate.lower(): candidate for candidate in candidates}
+    key = name.lower()
+    close = difflib.get_close_matches(key, list(by_lower), n=3, cutoff=0.6)
+    close += sorted(
+        (c for c in by_lower if key in c and c not in close), key=lambda c: (not c.startswith(key), len(c))
+    )
+    return " or ".join(repr(by_lower[c]) for c in close[:3])
 
 
 def load_reward_funcs(args: RewardArguments) -> list[Callable]:
@@ -148,7 +259,15 @@ def load_reward_funcs(args: RewardArguments) -> list[Callable]:
                 funcs.append(_in_process(name, fn, bound))
                 continue
             try:
-                funcs.append(isolate(bound, pool, name=reward_name(name), timeout=args.reward_timeout))
+                funcs.append(
+                    isolate(
+                        bound,
+                        pool,
+                        name=reward_name(name),
+                        timeout=args.reward_timeout,
+                        max_failed_calls=args.reward_max_failed_calls,
+                    )
+                )
             except RewardIsolationError as exc:
                 raise RewardLoadError(f"reward_funcs: {exc}") from exc
     except BaseException:
@@ -169,10 +288,13 @@ def _in_process(name: str, fn: Callable, bound: Callable) -> Callable:
 __all__ = [
     "GRADES",
     "REWARD_FUNCS",
+    "TRL_FACTORY_REWARDS",
     "RewardArguments",
     "RewardLoadError",
     "completion_text",
     "grade",
     "load_reward_funcs",
     "resolve_reward",
+    "reward_name",
+    "trl_reward_names",
 ]

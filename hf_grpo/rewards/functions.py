@@ -174,6 +174,67 @@ def soft_overlong(completion_ids, max_completion_len: int, cache: int, **kwargs)
     return [max(-1.0, min(0.0, (start - len(ids)) / cache)) for ids in completion_ids]
 
 
+# TRL's reward factories (``trl.rewards.get_*``) build a reward from settings. Recipes name a reward rather than
+# call a factory, so each factory has a module-level counterpart here taking the settings as keyword arguments:
+# ``reward_kwargs`` set them, and the reward still pickles by reference for the reward workers.
+
+
+def trl_soft_overlong_punishment(
+    completion_ids, max_completion_len: int = 1280, soft_punish_cache: int = 256, **kwargs
+) -> list[float]:
+    """TRL's ``get_soft_overlong_punishment(max_completion_len, soft_punish_cache)`` as a reward.
+
+    The defaults are those ``trl grpo --reward_funcs get_soft_overlong_punishment`` uses; set them to your
+    ``max_completion_length`` with ``reward_kwargs``. Our ``soft_overlong`` is the same punishment.
+
+    >>> trl_soft_overlong_punishment([[0] * 8, [0] * 14], max_completion_len=16, soft_punish_cache=8)
+    [0.0, -0.75]
+    """
+    from trl.rewards import get_soft_overlong_punishment
+
+    return get_soft_overlong_punishment(max_completion_len, soft_punish_cache)(completion_ids)
+
+
+def trl_repetition_penalty(completion_ids, ngram_size: int = 3, max_penalty: float = -1.0, **kwargs) -> list[float]:
+    """TRL's ``get_repetition_penalty_reward(ngram_size, max_penalty)`` as a reward (TRL's defaults).
+
+    >>> trl_repetition_penalty([[1, 2, 3, 4], [5, 5, 5, 5, 5]], ngram_size=2)
+    [0.0, -0.75]
+    """
+    from trl.rewards import get_repetition_penalty_reward
+
+    return get_repetition_penalty_reward(ngram_size, max_penalty)(completion_ids)
+
+
+def trl_cosine_scaled_reward(
+    completions,
+    solution,
+    completion_ids,
+    *,
+    max_len: int,
+    min_value_wrong: float = -1.0,
+    max_value_wrong: float = -0.5,
+    min_value_correct: float = 0.5,
+    max_value_correct: float = 1.0,
+    **kwargs,
+) -> list[float | None]:
+    """TRL's ``get_cosine_scaled_reward(max_len, ...)`` as a reward; ``max_len`` must come from ``reward_kwargs``.
+
+    Like TRL's ``accuracy_reward``, which it calls, it reads conversational completions only.
+    """
+    from trl.rewards import get_cosine_scaled_reward
+
+    reward = get_cosine_scaled_reward(max_len, min_value_wrong, max_value_wrong, min_value_correct, max_value_correct)
+    return reward(completions, solution, completion_ids)
+
+
+# TRL factory name -> the reward standing for it (``resolve_reward`` returns these for TRL's factory names).
+TRL_FACTORY_REWARDS: dict[str, Callable] = {
+    "get_soft_overlong_punishment": trl_soft_overlong_punishment,
+    "get_repetition_penalty_reward": trl_repetition_penalty,
+    "get_cosine_scaled_reward": trl_cosine_scaled_reward,
+}
+
 # The correctness rewards and their grading task (``grade_completion``): they report accuracy and grade fractions.
 GRADED_REWARDS: dict[Callable, str] = {
     gsm8k_correctness: "gsm8k",

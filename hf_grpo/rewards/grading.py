@@ -4,7 +4,11 @@
 the gold one) or ``"unparseable"`` (no answer could be extracted). Rewards, the per-step grade metrics, the
 evaluator and the tests all go through it, so a change here changes every number the project reports.
 
-GSM8K (``task="gsm8k"``): the gold answer is the text after ``####`` (or the whole string if there is none). The
+GSM8K (``task="gsm8k"``): the gold answer is the number after the last ``####`` (GSM8K's ``... #### 72``) or, when
+there is no ``####``, the whole string if it is a bare number (``72``, ``$1,234``, ``-3/4``; the ``arithmetic``
+data's ``solution`` column). Anything else (a MATH solution, a worked line such as ``8 + 7 = 15``) is not GSM8K gold
+and is never read as its first number: ``gsm8k_gold`` returns None, the data loader drops the row, and ``grade``
+raises. ``check_gold_format`` warns when a sample of a dataset's gold answers does not fit its task. The
 prediction is, in order of preference: the text after the last ``####``, the last ``\\boxed{...}``, the number after
 "answer is" / "answer:", and finally the last number in the completion (lm-eval's "flexible" extraction); a place
 that holds no number (a bare ``####`` ending a cut-off completion) falls through to the next. Numbers are compared
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
+from collections.abc import Sequence
 from fractions import Fraction
 
 
@@ -47,6 +53,8 @@ _TOKEN_RE = re.compile(rf"{_FRAC}|{_NUMBER}")  # a fraction or a number, whichev
 _ANSWER_IS_RE = re.compile(rf"answer\s*(?:is|:|=)(?:[\s:*]|\\\()*((?:{_FRAC}|{_NUMBER}))", re.IGNORECASE)
 _DIGIT_SEPARATOR_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d)")  # LaTeX thousands separators: 2{,}000, 2\,000
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# a whole gold answer that is one number (after _clean): "72", "1,234.5", "-3/4", "\frac{3}{4}", "25%", "72."
+_BARE_NUMBER_RE = re.compile(rf"(?:{_FRAC}|{_NUMBER})\s*+%?\.?")
 
 
 def last_boxed(text: str) -> str | None:
@@ -127,15 +135,39 @@ def extract_gsm8k(completion: str) -> Fraction | None:
     return None
 
 
+def bare_number(text: str) -> Fraction | None:
+    """The value of ``text`` when it is one number and nothing else (``$``, a ``%`` or a final period aside).
+
+    >>> bare_number(" $1,234. ")
+    Fraction(1234, 1)
+    >>> bare_number("8 + 7 = 15") is None
+    True
+    """
+    return to_number(text) if _BARE_NUMBER_RE.fullmatch(_clean(text).strip()) else None
+
+
 def gsm8k_gold(gold: str) -> Fraction | None:
-    """The gold number of a GSM8K answer (text after ``####``, or the whole string)."""
-    return to_number(gold.rsplit("####", 1)[1] if "####" in gold else gold)
+    """The gold number of a GSM8K answer, or None when ``gold`` is not GSM8K-shaped.
+
+    GSM8K gold ends with ``#### <number>``; without ``####`` the whole string must be a bare number. A worked
+    solution without ``####`` is refused rather than read as its first number (which graded "8 + 7 = 15" as 8).
+
+    >>> gsm8k_gold("48 / 2 = 24\\n24 + 48 = 72\\n#### 72")
+    Fraction(72, 1)
+    >>> gsm8k_gold("15")
+    Fraction(15, 1)
+    >>> gsm8k_gold("8 + 7 = 15") is None
+    True
+    """
+    return bare_number(gold.rsplit("####", 1)[1] if "####" in gold else gold)
 
 
 def _grade_gsm8k(completion: str, gold: str) -> str:
     target = gsm8k_gold(gold)
     if target is None:
-        raise ValueError(f"gold answer {gold!r} has no number; GSM8K gold answers end with '#### <number>'")
+        raise ValueError(
+            f"gold answer {gold!r} is not GSM8K gold: it needs '#### <number>' at the end or to be a bare number"
+        )
     predicted = extract_gsm8k(completion)
     if predicted is None:
         return "unparseable"
@@ -146,6 +178,74 @@ def math_gold(gold: str) -> str:
     """The gold answer of a MATH solution: its last ``\\boxed{}`` content, or the whole string."""
     boxed = last_boxed(gold)
     return boxed if boxed is not None else gold.strip()
+
+
+# How each task writes its gold answers (for messages), and how a gold answer of that task is recognised.
+GOLD_FORMATS = {"gsm8k": "'#### N' or a number", "math": "\\boxed{...} or a short answer"}
+GOLD_MARKS = {"gsm8k": "'#### N'", "math": "\\boxed{...}"}
+GOLD_WARN_SHARE = 0.2  # check_gold_format warns from this share of gold answers that do not fit the task
+_SHORT_ANSWER_CHARS = 100  # MATH-500 / OpenMathInstruct-2 answers ("\frac{14}{3}", "(3, \frac{\pi}{2})") are shorter
+
+
+def fits_task(gold: str, task: str) -> bool:
+    """Whether ``gold`` is written the way ``task`` writes its gold answers (a shape check, cheap, no math-verify).
+
+    GSM8K: ``gsm8k_gold`` reads it (``#### N`` or a bare number). MATH: a non-empty ``\\boxed{}`` (a worked MATH
+    solution), or a short one-line answer without ``####`` (MATH-500's ``answer`` column, a bare number); a
+    GSM8K solution or a long text without a box is not MATH gold, since ``math_gold`` would hand all of it to
+    math-verify.
+
+    >>> fits_task("so 7 + 8 = 15\\n#### 15", "gsm8k"), fits_task("so 7 + 8 = 15\\n#### 15", "math")
+    (True, False)
+    >>> fits_task("So $\\\\boxed{15}$.", "gsm8k"), fits_task("So $\\\\boxed{15}$.", "math")
+    (False, True)
+    """
+    if task == "gsm8k":
+        return gsm8k_gold(gold) is not None
+    if task == "math":
+        if last_boxed(gold):
+            return True
+        text = gold.strip()
+        return bool(text) and "####" not in text and "\n" not in text and len(text) <= _SHORT_ANSWER_CHARS
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+
+
+def gold_shape(gold: str) -> str | None:
+    """The task whose distinctive mark ``gold`` carries: ``"gsm8k"`` (``#### N``), ``"math"`` (``\\boxed{...}``),
+    or None (a bare number, which both tasks read, or neither mark)."""
+    if "####" in gold and gsm8k_gold(gold) is not None:
+        return "gsm8k"
+    if last_boxed(gold):
+        return "math"
+    return None
+
+
+def check_gold_format(task: str, golds: Sequence[str], threshold: float = GOLD_WARN_SHARE) -> str | None:
+    """A one-line warning when at least ``threshold`` of ``golds`` do not fit ``task``'s gold format, else None.
+
+    ``golds`` is a sample of a dataset's gold answers (a few hundred rows are plenty); each is checked with
+    ``fits_task``. The message names the count, the task and, when most of the misfits carry another task's mark,
+    that task; otherwise it shows the first misfit. A gold column that does not match the task is a recipe mistake
+    (``task``, ``solution_column``) that grading alone would not reveal: GSM8K grading used to read a MATH solution
+    as its first number.
+
+    >>> print(check_gold_format("gsm8k", ["The sum is $\\\\boxed{15}$.", "#### 3"]))
+    1 of 2 sampled gold answers do not parse as gsm8k gold ('#### N' or a number); they look like math (\\boxed{...})
+    >>> check_gold_format("gsm8k", ["#### 15", "3"]) is None
+    True
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+    golds = [str(gold) for gold in golds]
+    misfits = [gold for gold in golds if not fits_task(gold, task)]
+    if not golds or len(misfits) / len(golds) < threshold:
+        return None
+    message = f"{len(misfits)} of {len(golds)} sampled gold answers do not parse as {task} gold ({GOLD_FORMATS[task]})"
+    shape, count = Counter(gold_shape(gold) for gold in misfits).most_common(1)[0]
+    if shape is not None and shape != task and 2 * count >= len(misfits):
+        return f"{message}; they look like {shape} ({GOLD_MARKS[shape]})"
+    marks = " nor ".join(f"{name} ({mark})" for name, mark in GOLD_MARKS.items())
+    return f"{message}; they look like neither {marks} (first: {misfits[0][:80]!r})"
 
 
 def _grade_math(completion: str, gold: str) -> str:

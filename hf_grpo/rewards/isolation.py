@@ -40,9 +40,11 @@ since that is a broken setup, not a bad completion.
 What crosses the process boundary. The function, pickled once per call (by reference: module and name, plus the
 arguments of a ``functools.partial``), and each item's keyword arguments, pickled separately so that one item that
 cannot be pickled is an error of its own. Back come the value, or ``(exception type, message, traceback)``.
-``IsolatedReward`` sends one completion per item as single-element lists (``prompts=[p]``, ``completions=[c]``,
-``completion_ids=[ids]``, each dataset column ``[value]``) and drops TRL's ``trainer_state``, ``log_extra``,
-``log_metric`` and ``environments``, which live in the trainer. The correctness rewards (``GRADED_REWARDS``) send
+``IsolatedReward`` sends one completion per item with the keyword arguments TRL passes, as single-element lists
+(``prompts=[p]``, ``completions=[c]``, ``completion_ids=[ids]``, each dataset column ``[value]``), plus a snapshot of
+``trainer_state`` without its log history and ``log_metric`` / ``log_extra`` proxies whose records come back with the
+result and are replayed into the trainer's; ``environments`` (live objects) stay in the training process. A reward
+that fails on every completion of ``max_failed_calls`` consecutive calls raises ``RewardFailedError``. The correctness rewards (``GRADED_REWARDS``) send
 only the completion and its gold answer; the worker returns the grade and the parent maps grades to rewards and logs
 ``accuracy`` / ``grade/wrong`` / ``grade/unparseable`` over the completions that were graded (timeouts and errors are
 left out of those fractions and counted instead).
@@ -61,7 +63,9 @@ with the training process, even when that is SIGKILLed while the worker is stuck
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -77,8 +81,9 @@ import sys
 import threading
 import time
 import traceback
+import types
 import weakref
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +94,11 @@ from .grading import GRADES, grade
 
 logger = logging.getLogger(__name__)
 
-# Keyword arguments of TRL's reward call that hold trainer objects; they are not sent to workers.
+# Keyword arguments of TRL's reward call that hold trainer objects. ``trainer_state`` goes to the workers as a snapshot
+# (without its log history), ``log_metric`` / ``log_extra`` as recording proxies replayed into the trainer's;
+# ``environments`` (live objects of the training process) are not sent.
 NOT_SENT = ("trainer_state", "log_extra", "log_metric", "environments")
+DEFAULT_MAX_FAILED_CALLS = 3
 
 # Imported once by the fork server, so that every worker starts with them.
 PRELOAD = (
@@ -110,6 +118,11 @@ _MAX_REPORTED_ERRORS = 20  # distinct errors logged per reward; more are only co
 
 class RewardIsolationError(ValueError):
     """A reward function cannot be run in a worker process (it cannot be sent to or loaded by one)."""
+
+
+class RewardFailedError(RuntimeError):
+    """A reward failed (raised or timed out) on every completion of several consecutive calls: a broken reward, not a
+    hard completion. The message names the reward, its error and a sample input."""
 
 
 @dataclass(frozen=True)
@@ -539,17 +552,36 @@ class RewardPool:
 # Rewards
 
 
-def _score_one(reward_fn: Callable, /, **kwargs) -> float | None:
-    """Worker side of ``IsolatedReward``: call the reward on one completion, check it returned one number or None."""
-    out = reward_fn(**kwargs)
+def _score_one(reward_fn: Callable, context: dict, /, **kwargs) -> tuple[float | None, dict, dict]:
+    """Worker side of ``IsolatedReward``: call the reward on one completion as TRL calls it (``context`` holds the
+    ``trainer_state`` copy), with ``log_metric`` / ``log_extra`` recording what it logs; check it returned one number
+    or None. Returns the reward and the recorded ``{metric: [values]}`` and ``{column: [values]}``."""
+    metrics, extras = defaultdict(list), defaultdict(list)
+
+    def log_metric(name: str, value: float) -> None:
+        metrics[name].append(float(value))
+
+    def log_extra(column: str, values: list) -> None:
+        extras[column].extend(values)
+
+    out = reward_fn(**context, **kwargs, log_metric=log_metric, log_extra=log_extra)
     if not isinstance(out, (list, tuple)) or len(out) != 1:
         raise TypeError(f"a reward function must return a list with one reward per completion, got {out!r:.200}")
     value = out[0]
-    if value is None:
-        return None
-    if not isinstance(value, numbers.Real):
+    if value is not None and not isinstance(value, numbers.Real):
         raise TypeError(f"a reward must be a number or None, got {type(value).__name__} {value!r:.200}")
-    return float(value)
+    return (None if value is None else float(value)), dict(metrics), dict(extras)
+
+
+def state_snapshot(state) -> types.SimpleNamespace:
+    """What an isolated reward gets as ``trainer_state``: the attributes of TRL's ``TrainerState`` (``global_step``,
+    ``max_steps``, ``epoch``, ...) in a plain namespace, without ``log_history``, which grows with the run. A worker
+    unpickles it without importing transformers (seconds per replacement worker otherwise)."""
+    if dataclasses.is_dataclass(state):
+        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    else:
+        fields = dict(getattr(state, "__dict__", {}))
+    return types.SimpleNamespace(**{k: copy.deepcopy(v) for k, v in fields.items() if k != "log_history"})
 
 
 def _loads(blob: bytes) -> bool:
@@ -572,36 +604,49 @@ def _snippet(value: Any, limit: int = 160) -> str:
 class IsolatedReward:
     """A reward function run in a ``RewardPool``, callable the way TRL calls reward functions.
 
-    Each completion is scored on its own in a worker (``fn(prompts=[p], completions=[c], completion_ids=[ids],
-    **{column: [value]})``, without TRL's trainer objects); a timeout or an exception gives ``None``. Per call,
-    ``rewards/<name>/timeouts`` and ``rewards/<name>/errors`` go to TRL's ``log_metric``; cumulative counts are in
-    ``pool.counters[name]``. Each distinct error is logged once as a warning naming the reward, the first timeout too.
+    Each completion is scored on its own in a worker with the keyword arguments TRL passes, cut to that completion:
+    ``prompts=[p]``, ``completions=[c]``, ``completion_ids=[ids]``, ``{column: [value]}`` for every dataset column,
+    ``trainer_state`` (``state_snapshot``: its attributes without ``log_history``), and ``log_metric`` / ``log_extra`` proxies. What the reward
+    logs comes back with its result and reaches the trainer: per call, each metric's values averaged over the
+    completions (one ``log_metric`` call, as a batch-level reward makes), each extra column with one value per
+    completion (None for a completion that failed). ``environments`` stays in the training process.
+
+    A timeout or an exception gives ``None``. Per call, ``rewards/<name>/timeouts`` and ``rewards/<name>/errors`` go
+    to TRL's ``log_metric``; cumulative counts are in ``pool.counters[name]``. Each distinct error is logged once as a
+    warning naming the reward, the first timeout too. When every completion of ``max_failed_calls`` consecutive calls
+    fails, the reward is broken (a wrong signature, a missing column), and the call raises ``RewardFailedError``.
 
     Build it with ``isolate``, which checks at set-up time that a worker can load the function.
     """
 
-    def __init__(self, fn: Callable, pool: RewardPool, name: str, timeout: float):
+    def __init__(
+        self,
+        fn: Callable,
+        pool: RewardPool,
+        name: str,
+        timeout: float,
+        max_failed_calls: int = DEFAULT_MAX_FAILED_CALLS,
+    ):
         if not timeout > 0:
             raise ValueError(f"reward timeout must be positive, got {timeout}")
+        if max_failed_calls < 1:
+            raise ValueError(f"max_failed_calls must be at least 1, got {max_failed_calls}")
         self.fn = fn
         self.pool = pool
         self.timeout = float(timeout)
+        self.max_failed_calls = max_failed_calls
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = getattr(_unwrap(fn), "__doc__", None)
-        self._job = self._make_job()
         self._reported: set[str] = set()
         self._warned_timeout = False
+        self._failed_calls = 0
         pool.counters.setdefault(name, {"timeouts": 0, "errors": 0})
-
-    def _make_job(self) -> Callable:
-        return functools.partial(_score_one, self.fn)
 
     def __repr__(self) -> str:
         return f"IsolatedReward({self.__name__!r}, timeout={self.timeout:g}, {self.pool!r})"
 
     def __call__(self, prompts=None, completions=None, completion_ids=None, **kwargs) -> list[float | None]:
-        log_metric = kwargs.get("log_metric")
         columns = {k: v for k, v in kwargs.items() if k not in NOT_SENT}
         n = len(completions)
         per_item = {k: v for k, v in columns.items() if isinstance(v, (list, tuple)) and len(v) == n}
@@ -614,16 +659,32 @@ class IsolatedReward:
             if completion_ids is not None:
                 item["completion_ids"] = [completion_ids[i]]
             items.append(item)
-        results = self.pool.map(self._job, items, self.timeout)
-        return self._finish(results, completions, log_metric)
+        context = {}
+        if kwargs.get("trainer_state") is not None:
+            context["trainer_state"] = state_snapshot(kwargs["trainer_state"])
+        results = self.pool.map(functools.partial(_score_one, self.fn, context), items, self.timeout)
+        self._account(results, completions, kwargs.get("log_metric"), sample=items[0] if items else None)
+        self._replay([r.value if r.ok else None for r in results], kwargs.get("log_metric"), kwargs.get("log_extra"))
+        return [r.value[0] if r.ok else None for r in results]
 
-    def _finish(self, results: list[Result], completions, log_metric) -> list[float | None]:
-        rewards = [r.value if r.ok else None for r in results]
-        self._account(results, completions, log_metric)
-        return rewards
+    @staticmethod
+    def _replay(outputs: list, log_metric, log_extra) -> None:
+        """Pass what the reward logged in the workers to the trainer's ``log_metric`` / ``log_extra``."""
+        done = [out for out in outputs if out is not None]
+        if log_metric is not None:
+            names = dict.fromkeys(name for _, metrics, _ in done for name in metrics)
+            for name in names:
+                values = [v for _, metrics, _ in done for v in metrics.get(name, ())]
+                log_metric(name, sum(values) / len(values))
+        if log_extra is not None:
+            for column in dict.fromkeys(column for _, _, extras in done for column in extras):
+                values = []
+                for out in outputs:
+                    values.extend(out[2].get(column, [None]) if out is not None else [None])
+                log_extra(column, values)
 
-    def _account(self, results: list[Result], completions, log_metric) -> None:
-        """Count and report this call's timeouts and errors."""
+    def _account(self, results: list[Result], completions, log_metric, sample: dict | None = None) -> None:
+        """Count and report this call's timeouts and errors; raise RewardFailedError for a reward that always fails."""
         timeouts = sum(r.status == "timeout" for r in results)
         errors = sum(r.status == "error" for r in results)
         counters = self.pool.counters.setdefault(self.__name__, {"timeouts": 0, "errors": 0})
@@ -645,6 +706,17 @@ class IsolatedReward:
         if log_metric is not None:
             log_metric(f"rewards/{self.__name__}/timeouts", float(timeouts))
             log_metric(f"rewards/{self.__name__}/errors", float(errors))
+        self._failed_calls = self._failed_calls + 1 if results and timeouts + errors == len(results) else 0
+        if self._failed_calls >= self.max_failed_calls:
+            last = results[-1]
+            what = last.error if last.status == "error" else f"timed out after {self.timeout:g} s"
+            inputs = ", ".join(f"{k}={_snippet(v, 80)}" for k, v in (sample or {}).items())
+            raise RewardFailedError(
+                f"reward {self.__name__!r} failed on every completion of {self._failed_calls} consecutive calls "
+                f"({self.max_failed_calls} allowed: reward_max_failed_calls): {what}. A sample input: {inputs}. "
+                "TRL calls a reward with prompts, completions, completion_ids, trainer_state, log_metric, log_extra "
+                "and every dataset column as keywords: accept the ones you use and **kwargs"
+            )
 
     def _report(self, result: Result, completion) -> None:
         """Log an error once per distinct message (at most ``_MAX_REPORTED_ERRORS`` of them per reward)."""
@@ -675,23 +747,20 @@ class IsolatedCorrectness(IsolatedReward):
     completions that were graded.
     """
 
-    def __init__(self, fn: Callable, pool: RewardPool, name: str, timeout: float):
+    def __init__(self, fn: Callable, pool: RewardPool, name: str, timeout: float, **kwargs):
         self.task = GRADED_REWARDS[_unwrap(fn)]
-        super().__init__(fn, pool, name, timeout)
-
-    def _make_job(self) -> Callable:
-        return functools.partial(grade_completion, self.task)
+        super().__init__(fn, pool, name, timeout, **kwargs)
 
     def __call__(self, completions, solution, log_metric=None, **kwargs) -> list[float | None]:
         if len(solution) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(solution)} solutions")
         items = [{"completion": c, "gold": gold} for c, gold in zip(completions, solution, strict=True)]
-        results = self.pool.map(self._job, items, self.timeout)
+        results = self.pool.map(functools.partial(grade_completion, self.task), items, self.timeout)
         checked = [
             r if not r.ok or r.value in GRADES else Result("error", error=f"ValueError: unknown grade {r.value!r}")
             for r in results
         ]
-        self._account(checked, completions, log_metric)
+        self._account(checked, completions, log_metric, sample=items[0] if items else None)
         grades = [r.value for r in checked if r.ok]
         log_grades(grades, log_metric)
         return [(1.0 if r.value == "correct" else 0.0) if r.ok else None for r in checked]
@@ -703,7 +772,13 @@ def is_async(fn: Callable) -> bool:
     return inspect.iscoroutinefunction(base) or inspect.iscoroutinefunction(type(base).__call__)
 
 
-def isolate(fn: Callable, pool: RewardPool, name: str | None = None, timeout: float = 10.0) -> IsolatedReward:
+def isolate(
+    fn: Callable,
+    pool: RewardPool,
+    name: str | None = None,
+    timeout: float = 10.0,
+    max_failed_calls: int = DEFAULT_MAX_FAILED_CALLS,
+) -> IsolatedReward:
     """Wrap a reward function to run in ``pool``; ``RewardIsolationError`` (naming it) if a worker cannot load it.
 
     The built-in correctness rewards (also as a ``functools.partial``) become an ``IsolatedCorrectness``, any other
@@ -735,7 +810,7 @@ def isolate(fn: Callable, pool: RewardPool, name: str | None = None, timeout: fl
     if not check.ok:
         raise RewardIsolationError(f"reward {name!r} cannot be loaded in a worker process: {check.error}")
     cls = IsolatedCorrectness if base in GRADED_REWARDS else IsolatedReward
-    return cls(fn, pool, name=name, timeout=timeout)
+    return cls(fn, pool, name=name, timeout=timeout, max_failed_calls=max_failed_calls)
 
 
 def reward_modules(fns: Sequence[Callable]) -> list[str]:
@@ -754,6 +829,7 @@ __all__ = [
     "IsolatedCorrectness",
     "IsolatedReward",
     "Result",
+    "RewardFailedError",
     "RewardIsolationError",
     "RewardPool",
     "default_num_workers",

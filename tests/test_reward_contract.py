@@ -1,0 +1,168 @@
+"""Issue 10 #1-#2: a reward function is called exactly as TRL calls it, isolated or not, and a reward that fails on
+every completion stops the run. The rewards are TRL's own (``trl.rewards``), an Unsloth-style one reading a dataset
+column by keyword, and one that uses ``trainer_state``, ``log_metric`` and ``log_extra``; the datasets are TRL-format
+JSONL files, standard and conversational, with extra columns. TRL's own ``_calculate_rewards`` makes the calls."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.rewards import RewardArguments, load_reward_funcs
+from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.trainer import GRPOTrainer
+
+from .conftest import run_module, tiny_config, tiny_lora
+
+
+PROBLEMS = [(2, 3), (7, 8), (12, 30), (9, 9)]
+# one right, one wrong, one with a <think> block, one without a number
+ANSWERS = ["The answer is $\\boxed{{{s}}}$", "I think it is {w}", "<think>easy</think> {s}", "no idea"]
+
+
+def write_dataset(path, conversational: bool):
+    with open(path, "w") as f:
+        for level, (a, b) in enumerate(PROBLEMS, start=1):
+            question = f"What is {a} + {b}?"
+            prompt = [{"role": "user", "content": question}] if conversational else question
+            row = {"prompt": prompt, "solution": str(a + b), "answer": f"#### {a + b}", "level": level}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def completions_for(rows, conversational: bool):
+    texts = []
+    for row in rows:
+        gold = int(row["solution"])
+        texts += [t.format(s=gold, w=gold + 1) for t in ANSWERS]
+    return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+
+
+REWARDS = {
+    False: ["tests.reward_plugins:unsloth_answer", "tests.reward_plugins:logs_everything", "gsm8k_correctness"],
+    True: [
+        "trl.rewards:accuracy_reward",
+        "trl.rewards:think_format_reward",
+        "tests.reward_plugins:unsloth_answer",
+        "tests.reward_plugins:logs_everything",
+    ],
+}
+
+
+def score(tmp_path, conversational: bool, isolated: bool):
+    """Rewards, logged metrics and extra columns of one TRL ``_calculate_rewards`` call on the dataset's rows."""
+    data = write_dataset(tmp_path / f"data-{conversational}.jsonl", conversational)
+    style = "chat" if conversational else "plain"  # plain: a string prompt stays a string (TRL's standard format)
+    train, _ = load_grpo_datasets(DataArguments(dataset_name=str(data), task="gsm8k", prompt_style=style))
+    funcs = load_reward_funcs(RewardArguments(reward_funcs=REWARDS[conversational], reward_isolation=isolated))
+    tokenizer = build_tokenizer()
+    trainer = GRPOTrainer(
+        model=build_model(tokenizer, hidden_size=32),
+        reward_funcs=funcs,
+        args=tiny_config(tmp_path / f"out-{conversational}-{isolated}", per_device_train_batch_size=16),
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=tiny_lora(),
+    )
+    trainer.state.global_step = 7
+    rows = [row for row in train for _ in ANSWERS]  # each prompt repeated per completion, as TRL's sampler does
+    completions = completions_for(list(train), conversational)
+    prompts = [row["prompt"] for row in rows]
+    ids = [tokenizer(c if isinstance(c, str) else c[0]["content"])["input_ids"] for c in completions]
+    try:
+        rewards = trainer._calculate_rewards(rows, prompts, completions, ids)
+    finally:
+        for f in funcs:
+            if hasattr(f, "pool"):
+                f.pool.close()
+    metrics = {k: v for k, v in trainer._pending_metrics.items() if not k.startswith("rewards/")}
+    return rewards, metrics, dict(trainer._pending_extra_logs), train
+
+
+@pytest.mark.parametrize("conversational", [False, True], ids=["standard", "conversational"])
+def test_isolated_rewards_get_what_trl_passes_and_return_what_in_process_returns(tmp_path, conversational):
+    inline, inline_metrics, inline_extra, train = score(tmp_path, conversational, isolated=False)
+    isolated, isolated_metrics, isolated_extra, _ = score(tmp_path, conversational, isolated=True)
+    # the dataset's own columns and format reach the rewards
+    assert set(train.column_names) >= {"prompt", "solution", "answer", "level"}
+    assert isinstance(train[0]["prompt"], list) == conversational
+    torch.testing.assert_close(isolated, inline, equal_nan=True)
+    names = REWARDS[conversational]
+    unsloth = inline[:, names.index("tests.reward_plugins:unsloth_answer")]
+    assert unsloth.tolist() == [2.0, 0.0, 2.0, 0.0] * len(PROBLEMS)  # the `answer` column arrived
+    logged = inline[:, names.index("tests.reward_plugins:logs_everything")]
+    expected = [level / 10 + 7 / 1000 for level in range(1, len(PROBLEMS) + 1) for _ in ANSWERS]
+    assert logged.tolist() == pytest.approx(expected)  # `level` and trainer_state.global_step arrived
+    # what the rewards logged reaches the trainer: the same metric value and the same extra column
+    assert inline_metrics.keys() == isolated_metrics.keys() and "contract/mean_length" in inline_metrics
+    for name in inline_metrics:
+        assert isolated_metrics[name] == pytest.approx(inline_metrics[name]), name
+    assert isolated_extra["contract_level"] == inline_extra["contract_level"]
+    assert len(inline_extra["contract_level"]) == len(PROBLEMS) * len(ANSWERS)
+    if conversational:  # TRL's accuracy_reward logs its own extra columns through log_extra
+        trl_columns = set(inline_extra) - {"contract_level"}
+        assert trl_columns and all(isolated_extra[c] == inline_extra[c] for c in trl_columns), trl_columns
+        accuracy = inline[:, names.index("trl.rewards:accuracy_reward")].tolist()
+        assert accuracy[:2] == [1.0, 0.0] and not any(math.isnan(a) for a in accuracy)
+
+
+COMMON = [
+    "recipes/tiny.yaml", "--warm_start_steps", "0", "--per_device_train_batch_size", "8", "--num_generations", "4",
+    "--max_completion_length", "8", "--eval_before_after", "false", "--logging_steps", "1", "--task", "gsm8k",
+    "--save_strategy", "no", "--report_to", "none",
+]  # fmt: skip
+
+
+def test_a_logged_metric_reaches_the_training_history(tmp_path):
+    data = write_dataset(tmp_path / "data.jsonl", conversational=True)
+    out = tmp_path / "run"
+    result = run_module(
+        "hf_grpo.train", *COMMON, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "2",
+        "--dynamic_sampling", "false", "--reward_funcs",
+        "[trl.rewards:accuracy_reward, tests.reward_plugins:logs_everything]",
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = json.loads((out / "training_history.json").read_text())
+    steps = [r for r in history if "contract/mean_length" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["contract/mean_length"] > 0 for r in steps)
+
+
+def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path):
+    data = write_dataset(tmp_path / "data.jsonl", conversational=False)
+    out = tmp_path / "run"
+    result = run_module(
+        "hf_grpo.train", *COMMON, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "50",
+        "--dynamic_sampling", "false", "--reward_max_failed_calls", "2",
+        "--reward_funcs", "[gsm8k_correctness, tests.reward_plugins:wrong_signature]",
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "reward 'wrong_signature' failed on every completion of 2 consecutive calls" in errors[0]
+    assert "TypeError" in errors[0] and "unexpected keyword argument" in errors[0] and "completions=" in errors[0]
+    history = (
+        json.loads((out / "training_history.json").read_text()) if (out / "training_history.json").exists() else []
+    )
+    assert max((r.get("step", 0) for r in history), default=0) <= 2  # stopped at once, not after 50 steps
+
+
+def test_a_gold_column_in_another_tasks_format_is_named_when_the_data_loads(tmp_path, caplog):
+    """Issue 10 #5: a MATH-style gold under task gsm8k was graded against its first number, silently."""
+    path = tmp_path / "math_gold.jsonl"
+    rows = [
+        {"prompt": f"What is {i} + 7?", "solution": f"{i} + 7 = {i + 7}, so $\\boxed{{{i + 7}}}$"} for i in range(9)
+    ]
+    rows.append({"prompt": "What is 1 + 1?", "solution": "#### 2"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.data.loaders"):
+        train, _ = load_grpo_datasets(DataArguments(dataset_name=str(path), task="gsm8k"))
+    mismatch = [r.message for r in caplog.records if "sampled gold answers" in r.message]
+    assert len(mismatch) == 1 and "9 of 10" in mismatch[0] and "look like math" in mismatch[0]
+    assert train["solution"] == ["#### 2"]  # the unreadable rows are dropped (and counted), not graded as 8
