@@ -8,7 +8,10 @@
 A directory with ``adapter_config.json`` is loaded as base model + adapter (the base is ``base_model/`` next to the
 adapter when it exists, else the adapter's ``base_model_name_or_path``). When the directory, or its parent, holds
 the ``recipe.yaml`` of a training run, the dataset, prompt format and generation budget default to the run's, so
-the numbers match the run's ``eval_results.json``. Grading goes through ``hf_grpo.rewards.grade``.
+the numbers match the run's ``eval_results.json``. Grading goes through ``hf_grpo.rewards.grade``, in worker
+processes with a hard per-completion timeout (``--grade-timeout``; default: the recipe's ``reward_timeout``, else
+10 s): a completion the grader cannot finish with is counted as ``timeout`` (not correct) and the evaluation goes on;
+one whose grading fails is counted as ``error`` (``hf_grpo.evaluation.core``).
 
 ``--backend vllm`` generates with vLLM's offline engine (GPU machines with ``hf_grpo[vllm]``); the default
 ``transformers`` backend runs anywhere.
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path
 
 from .data.loaders import DataArguments, eval_grader, load_eval_dataset
-from .evaluation.core import evaluate
+from .evaluation.core import DEFAULT_GRADE_TIMEOUT, evaluate
 from .launch import apply_thread_policy
 from .outputs import RECIPE_FILE
 
@@ -101,6 +104,29 @@ def vllm_generate(name: str, prompts: list, max_new_tokens: int, num_samples: in
     return [[o.text for o in out.outputs] for out in outputs]
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type of ``--grade-timeout``: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def grade_timeout(args: argparse.Namespace, values: dict) -> float:
+    """Seconds per completion for grading: ``--grade-timeout``, else the recipe's ``reward_timeout``, else 10."""
+    if args.grade_timeout is not None:
+        return args.grade_timeout
+    if values.get("reward_timeout") is None:
+        return DEFAULT_GRADE_TIMEOUT
+    try:
+        return positive_seconds(str(values["reward_timeout"]))
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"recipe reward_timeout {values['reward_timeout']!r}: {exc}; pass --grade-timeout") from None
+
+
 def parse_args(argv: list[str] | None):
     p = argparse.ArgumentParser(prog="python -m hf_grpo.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("model", help="model id or directory, or a LoRA adapter directory (e.g. a run's output_dir)")
@@ -120,6 +146,12 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--seed", type=int)
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
     p.add_argument("--output", help="write one JSON line per problem here")
+    p.add_argument(
+        "--grade-timeout",
+        type=positive_seconds,
+        help="seconds one completion may take to grade before it counts as 'timeout' (default: the recipe's "
+        f"reward_timeout, else {DEFAULT_GRADE_TIMEOUT:g})",
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model (off by default)")
     return p.parse_args(argv)
 
@@ -158,6 +190,7 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
     if args.max_samples is not None:
         dataset = dataset.select(range(min(args.max_samples, len(dataset))))
     task = eval_grader(data)  # the training run's grader: r1_zero's answer tag for an r1_zero prompt
+    timeout = grade_timeout(args, values)
     logger.info(
         "evaluating %s on %d problems (task %s, %s)",
         args.model,
@@ -174,7 +207,7 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
             sampled = vllm_generate(
                 args.model, list(dataset["prompt"]), max_new_tokens, args.num_samples, args.temperature, seed
             )
-        return grade_generations(dataset, task, texts, sampled)
+        return grade_generations(dataset, task, texts, sampled, timeout=timeout)
     import torch
 
     torch.manual_seed(seed)
@@ -189,6 +222,7 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
         num_samples=args.num_samples,
         temperature=args.temperature,
         batch_size=batch_size,
+        grade_timeout=timeout,
     )
 
 

@@ -122,7 +122,11 @@ def run(recipe: Recipe) -> dict:
     save_recipe(recipe)
     model, tokenizer = load_policy(recipe)
     train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
-    evaluator = TaskEvaluator(eval_dataset, eval_grader(recipe.data), args) if eval_dataset is not None else None
+    evaluator = None
+    if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout
+        evaluator = TaskEvaluator(
+            eval_dataset, eval_grader(recipe.data), args, grade_timeout=recipe.rewards.reward_timeout
+        )
     results = {}
     generator = None
     gen = recipe.generation
@@ -164,6 +168,8 @@ def run(recipe: Recipe) -> dict:
 
     if evaluator is not None and args.eval_before_after:
         results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
+    if evaluator is not None:
+        evaluator.close()
     if trainer.accelerator.is_main_process:
         if results:
             results["gain"] = paired_gain_of_run(args.output_dir)

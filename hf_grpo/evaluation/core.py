@@ -6,25 +6,59 @@ of correct, wrong and unparseable answers from ``hf_grpo.rewards.grade``.
 
 Prompts are rendered with the tokenizer's chat template exactly as GRPOTrainer renders them for generation, so the
 numbers measure the same behaviour that training optimizes.
+
+Grading never runs in this process. A model can write an answer that math-verify cannot finish with
+(``\\boxed{5^{5^{5^{5^5}}}}``, huggingface/Math-Verify#65: one C-level SymPy call that no signal interrupts), so every
+completion is graded by ``grade_completion`` in a worker of a ``hf_grpo.rewards.isolation.RewardPool`` with a hard
+per-completion timeout (``grade_bounded``). Beside ``correct`` / ``wrong`` / ``unparseable`` two more grades
+(``EVAL_GRADES``) can then come back, and both count as not correct in accuracy and pass@k:
+
+- ``timeout``: grading took longer than the timeout; the worker was killed and replaced, and the evaluation goes on.
+- ``error``: grading raised (a gold answer the grader cannot read, a grader bug) or the worker died. It is not
+  counted as ``unparseable``, which says that the *model* gave no answer: an error is the grader's or the data's
+  fault, so it gets its own count and a warning with the message.
+
+The record of such a problem carries the reason in ``grade_error``. The pool is the caller's when one is passed
+(``TaskEvaluator`` passes the training run's reward pool, or one it keeps for all its evaluations); without one, a
+small pool is started for the call and closed after it.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..rewards.functions import grade_completion
+from ..rewards import RewardArguments
+from ..rewards.functions import GRADED_REWARDS, grade_completion
+from ..rewards.grading import GRADES
+from ..rewards.isolation import Result, RewardPool, default_num_workers
 
 
-@dataclass
+logger = logging.getLogger(__name__)
+
+EVAL_GRADES = (*GRADES, "timeout", "error")  # every grade an evaluation record can hold
+DEFAULT_GRADE_TIMEOUT = RewardArguments.reward_timeout  # seconds per completion, as a recipe's reward_timeout
+MAX_GRADE_WORKERS = 4  # workers of a pool started for grading (fewer when the machine or the batch is smaller)
+
+
+@dataclass(kw_only=True)
 class EvalResult:
-    """Aggregate result of one evaluation; ``records`` holds one dict per example."""
+    """Aggregate result of one evaluation; ``records`` holds one dict per example.
+
+    ``timeout`` and ``error`` count the problems whose grading timed out or failed (see the module docstring); they
+    are not correct, so ``correct + wrong + unparseable + timeout + error == total``.
+    """
 
     accuracy: float
     correct: int
     wrong: int
     unparseable: int
+    timeout: int = 0
+    error: int = 0
     total: int
     num_samples: int = 1
     pass_at_k: float | None = None
@@ -85,19 +119,122 @@ def generate(
     return outputs
 
 
+def grade_results(
+    task: str, completions: Sequence, golds: Sequence[str], timeout: float, pool: RewardPool | None = None
+) -> list[Result]:
+    """Grade each completion against its gold answer in ``pool``'s workers, at most ``timeout`` seconds each.
+
+    One ``Result`` per completion, in order: ``"ok"`` with the grade as ``value``, ``"timeout"`` or ``"error"`` (a
+    value that is not a grade is an error too). Without ``pool`` a pool of at most ``MAX_GRADE_WORKERS`` workers is
+    started for this call and closed after it. Timeouts and errors are logged (one warning each per call). Raises
+    ``ValueError`` for an unknown ``task`` or lengths that differ, ``RuntimeError`` if no worker can start.
+    """
+    tasks = sorted(set(GRADED_REWARDS.values()))
+    if task not in tasks:
+        raise ValueError(f"unknown grading task {task!r}; expected one of {tasks}")
+    if len(completions) != len(golds):
+        raise ValueError(f"{len(completions)} completions but {len(golds)} gold answers")
+    if not completions:
+        return []
+    job = functools.partial(grade_completion, task)
+    items = [{"completion": c, "gold": g} for c, g in zip(completions, golds, strict=True)]
+    if pool is None:
+        workers = min(default_num_workers(), MAX_GRADE_WORKERS, len(items))
+        with RewardPool(num_workers=workers) as own:
+            results = own.map(job, items, timeout)
+    else:
+        results = pool.map(job, items, timeout)
+    results = [
+        r if not r.ok or r.value in GRADES else Result("error", error=f"ValueError: unknown grade {r.value!r:.100}")
+        for r in results
+    ]
+    _report(results, completions, timeout)
+    return results
+
+
+def grade_of(result: Result) -> str:
+    """The evaluation grade of a ``grade_results`` result: its value, or ``"timeout"`` / ``"error"``."""
+    return result.value if result.ok else result.status
+
+
+def grade_bounded(
+    task: str,
+    completions: Sequence,
+    golds: Sequence[str],
+    timeout: float = DEFAULT_GRADE_TIMEOUT,
+    pool: RewardPool | None = None,
+) -> list[str]:
+    """The grade of each completion (one of ``EVAL_GRADES``), graded in worker processes with a hard timeout.
+
+    The bounded counterpart of ``[grade_completion(task, c, gold) for ...]``: a completion that takes longer than
+    ``timeout`` seconds is ``"timeout"``, one whose grading raises is ``"error"``; see ``grade_results``.
+    """
+    return [grade_of(r) for r in grade_results(task, completions, golds, timeout, pool)]
+
+
+def _snippet(text, limit: int = 120) -> str:
+    text = repr(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _report(results: list[Result], completions: Sequence, timeout: float) -> None:
+    timed_out = [c for r, c in zip(results, completions, strict=True) if r.status == "timeout"]
+    failed = [(r, c) for r, c in zip(results, completions, strict=True) if r.status == "error"]
+    if timed_out:
+        logger.warning(
+            "grading timed out after %g s on %d of %d completions (graded 'timeout', not correct), e.g. %s",
+            timeout,
+            len(timed_out),
+            len(results),
+            _snippet(timed_out[0]),
+        )
+    if failed:
+        result, completion = failed[0]
+        logger.warning(
+            "grading failed on %d of %d completions (graded 'error', not correct); the first, on %s: %s%s",
+            len(failed),
+            len(results),
+            _snippet(completion),
+            result.error,
+            f"\n{result.traceback.rstrip()}" if result.traceback else "",
+        )
+
+
 def grade_generations(
-    dataset, task: str, greedy: list[list[str]], sampled: list[list[str]] | None = None, gold_column: str = "solution"
+    dataset,
+    task: str,
+    greedy: list[list[str]],
+    sampled: list[list[str]] | None = None,
+    gold_column: str = "solution",
+    *,
+    timeout: float = DEFAULT_GRADE_TIMEOUT,
+    pool: RewardPool | None = None,
 ) -> EvalResult:
-    """Grade generated texts (one greedy completion per problem, optionally k samples) into an EvalResult."""
+    """Grade generated texts (one greedy completion per problem, optionally k samples) into an EvalResult.
+
+    Every completion is graded in ``pool`` (a pool for this call when None) with at most ``timeout`` seconds each
+    (``grade_results``); a record whose grade is ``timeout`` or ``error`` says why in ``grade_error``.
+    """
     prompts, golds = list(dataset["prompt"]), list(dataset[gold_column])
-    records, counts, hits = [], {"correct": 0, "wrong": 0, "unparseable": 0}, 0
-    for i, (prompt, gold) in enumerate(zip(prompts, golds, strict=True)):
-        completion = greedy[i][0]
-        verdict = grade_completion(task, completion, gold)
+    completions = [greedy[i][0] for i in range(len(prompts))]
+    all_golds = list(golds)
+    if sampled is not None:
+        for samples, gold in zip(sampled, golds, strict=True):
+            completions += samples
+            all_golds += [gold] * len(samples)
+    results = grade_results(task, completions, all_golds, timeout, pool)  # one call: the workers start once
+    offset = len(prompts)  # where the next problem's samples start in ``results``
+
+    records, counts, hits = [], dict.fromkeys(EVAL_GRADES, 0), 0
+    for i, (prompt, gold, result) in enumerate(zip(prompts, golds, results[: len(prompts)], strict=True)):
+        verdict = grade_of(result)
         counts[verdict] += 1
-        record = {"index": i, "prompt": prompt, "gold": gold, "completion": completion, "grade": verdict}
+        record = {"index": i, "prompt": prompt, "gold": gold, "completion": completions[i], "grade": verdict}
+        if not result.ok:
+            record["grade_error"] = result.error
         if sampled is not None:
-            sample_grades = [grade_completion(task, c, gold) for c in sampled[i]]
+            sample_grades = [grade_of(r) for r in results[offset : offset + len(sampled[i])]]
+            offset += len(sampled[i])
             record["samples"] = sampled[i]
             record["sample_grades"] = sample_grades
             hits += "correct" in sample_grades
@@ -105,9 +242,7 @@ def grade_generations(
     total = len(prompts)
     return EvalResult(
         accuracy=counts["correct"] / total if total else 0.0,
-        correct=counts["correct"],
-        wrong=counts["wrong"],
-        unparseable=counts["unparseable"],
+        **counts,
         total=total,
         num_samples=len(sampled[0]) if sampled else 1,
         pass_at_k=hits / total if sampled is not None and total else None,
@@ -125,8 +260,13 @@ def evaluate(
     temperature: float = 1.0,
     batch_size: int = 64,
     gold_column: str = "solution",
+    grade_timeout: float = DEFAULT_GRADE_TIMEOUT,
+    pool: RewardPool | None = None,
 ) -> EvalResult:
-    """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``."""
+    """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``.
+
+    Grading goes through ``grade_generations`` (worker processes of ``pool``, ``grade_timeout`` seconds each).
+    """
     prompts = list(dataset["prompt"])
     greedy = generate(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
     sampled = None
@@ -141,4 +281,4 @@ def evaluate(
             num_return_sequences=num_samples,
             batch_size=batch_size,
         )
-    return grade_generations(dataset, task, greedy, sampled, gold_column)
+    return grade_generations(dataset, task, greedy, sampled, gold_column, timeout=grade_timeout, pool=pool)

@@ -2,11 +2,11 @@
 
 Panels: (1) mean reward per step, (2) train accuracy vs held-out accuracy, with the before -> after difference and
 its paired 95% interval, (3) loss, (4) the reward's min/max band with its mean. ``summary.md`` holds the before/after
-table (correct, answered-but-wrong, no answer found, the paired difference with its 95% interval and the
-right -> wrong / wrong -> right counts), a sentence saying whether that interval excludes zero, and the training
-facts. Everything is read from ``training_history.json``, ``eval_results.json`` and, when ``eval_results.json``
-holds no ``gain``, the per-problem ``eval_before.jsonl`` / ``eval_after.jsonl`` (``hf_grpo.evaluation.stats``), so a
-report can be rebuilt at any time::
+table (correct, answered-but-wrong, no answer found, grading timed out or failed when any did, the paired difference
+with its 95% interval and the right -> wrong / wrong -> right counts), a sentence saying whether that interval
+excludes zero, and the training facts. Everything is read from ``training_history.json``, ``eval_results.json``
+and, when ``eval_results.json`` holds no ``gain``, the per-problem ``eval_before.jsonl`` / ``eval_after.jsonl``
+(``hf_grpo.evaluation.stats``), so a report can be rebuilt at any time::
 
     python -m hf_grpo.evaluation.report outputs/tiny
 """
@@ -240,6 +240,9 @@ def training_figure(history: list[dict], eval_results: dict | None = None, gain:
 def eval_table(results: dict, gain: dict | None = None) -> str:
     """The before/after table in Markdown (seed 002's layout: correct, formatted-but-wrong, unparseable).
 
+    Problems whose grading timed out or failed (``timeout`` / ``error``, ``hf_grpo.evaluation.core``) get a row each
+    when there are any, before or after.
+
     With a paired ``gain`` (by default ``results["gain"]`` when it holds one) two rows follow: the difference with its
     95% interval, and the right -> wrong / wrong -> right counts. Without one the table ends at the problem count.
     """
@@ -251,11 +254,13 @@ def eval_table(results: dict, gain: dict | None = None) -> str:
         f"| accuracy | {before['accuracy']:.1%} | {after['accuracy']:.1%} | "
         f"{(after['accuracy'] - before['accuracy']) * 100:+.1f} points |"
     )
-    for key, label in (("correct", "correct"), ("wrong", "answered, wrong"), ("unparseable", "no answer found")):
-        rows.append(
-            f"| {label} | {before[key]} ({before[key] / b_total:.1%}) | {after[key]} ({after[key] / a_total:.1%}) "
-            f"| {after[key] - before[key]:+d} |"
-        )
+    kinds = [("correct", "correct"), ("wrong", "answered, wrong"), ("unparseable", "no answer found")]
+    for key, label in (("timeout", "grading timed out"), ("error", "grading failed")):
+        if before.get(key) or after.get(key):  # only when it happened (results written before they existed lack them)
+            kinds.append((key, label))
+    for key, label in kinds:
+        b, a = before.get(key, 0), after.get(key, 0)
+        rows.append(f"| {label} | {b} ({b / b_total:.1%}) | {a} ({a / a_total:.1%}) | {a - b:+d} |")
     rows.append(f"| held-out problems | {before['total']} | {after['total']} | |")
     if gain is not None:
         rows.append(f"| accuracy difference, paired | | | {gain_interval(gain)} |")

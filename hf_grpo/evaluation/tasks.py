@@ -3,6 +3,13 @@
 ``TaskEvaluator.run`` shards the held-out set across processes, generates greedily with the current policy (under
 DeepSpeed ZeRO-3 the parameters are gathered for generation, as TRL does), gathers the graded records and returns
 the summary; the main process also writes them to ``output_dir/eval_<label>.jsonl`` (one line per example).
+
+Grading runs in worker processes with a hard per-completion timeout (``hf_grpo.evaluation.core``): a completion that
+math-verify cannot finish with is graded ``timeout`` and the evaluation, and the run, go on. The summary counts
+``timeout`` and ``error`` beside ``correct`` / ``wrong`` / ``unparseable``; both are not correct. The pool, in order
+of preference: the one passed to ``TaskEvaluator``; the trainer's reward pool (its isolated rewards already keep
+warm grading workers, with the recipe's ``reward_timeout``); else a small pool the evaluator starts at its first
+evaluation, keeps for the later ones and stops in ``close()`` (or when it is garbage-collected, or at exit).
 """
 
 from __future__ import annotations
@@ -16,42 +23,88 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from ..outputs import EVAL_RECORDS
-from .core import evaluate
+from ..rewards.isolation import IsolatedReward, RewardPool, default_num_workers
+from .core import DEFAULT_GRADE_TIMEOUT, EVAL_GRADES, MAX_GRADE_WORKERS, evaluate
 
 
 logger = logging.getLogger(__name__)
 
 
+def trainer_reward_pool(trainer) -> tuple[RewardPool, float] | None:
+    """(pool, timeout) of the first isolated reward of ``trainer`` whose pool is open, or None."""
+    for fn in getattr(trainer, "reward_funcs", None) or ():
+        if isinstance(fn, IsolatedReward) and not fn.pool.closed:
+            return fn.pool, fn.timeout
+    return None
+
+
 class TaskEvaluator:
-    def __init__(self, dataset, task: str, args):
+    """Greedy held-out accuracy of a policy, graded in worker processes with a hard per-completion timeout.
+
+    Args:
+        dataset: the held-out set (columns ``prompt`` and ``solution``).
+        task (`str`): the grader (``"gsm8k"``, ``"math"`` or ``"r1_zero"``).
+        args: the training arguments (``output_dir``, ``eval_max_new_tokens``, ...).
+        grade_timeout (`float`, *optional*):
+            Seconds one completion may take to grade. Defaults to the trainer's isolated rewards' timeout (the
+            recipe's ``reward_timeout``) when grading in their pool, else ``DEFAULT_GRADE_TIMEOUT``.
+        pool (`RewardPool`, *optional*):
+            Grade in this pool; the caller owns it (``close()`` leaves it running).
+    """
+
+    def __init__(self, dataset, task: str, args, grade_timeout: float | None = None, pool: RewardPool | None = None):
+        if grade_timeout is not None and not grade_timeout > 0:
+            raise ValueError(f"grade_timeout must be positive, got {grade_timeout}")
         self.dataset = dataset
         self.task = task
         self.output_dir = Path(args.output_dir)
         self.max_new_tokens = args.eval_max_new_tokens or args.max_completion_length
         self.batch_size = max(args.per_device_eval_batch_size, 8)
         self.periodic_samples = args.task_eval_max_samples
+        self.grade_timeout = grade_timeout
+        self.pool = pool
+        self._own_pool: RewardPool | None = None
+
+    def grading(self, trainer=None) -> tuple[RewardPool, float]:
+        """(pool, timeout per completion) for the next evaluation; starts the evaluator's own pool when needed."""
+        pool, timeout = self.pool, DEFAULT_GRADE_TIMEOUT
+        if pool is None:
+            shared = trainer_reward_pool(trainer)
+            if shared is not None:
+                pool, timeout = shared
+            else:
+                if self._own_pool is None or self._own_pool.closed:
+                    self._own_pool = RewardPool(num_workers=min(default_num_workers(), MAX_GRADE_WORKERS))
+                pool = self._own_pool
+        return pool, self.grade_timeout if self.grade_timeout is not None else timeout
+
+    def close(self) -> None:
+        """Stop the grading workers this evaluator started (not a pool it was given or shares); it can run again."""
+        if self._own_pool is not None:
+            self._own_pool.close()
+            self._own_pool = None
 
     def run(self, model, tokenizer, label: str, trainer=None, max_samples: int | None = None) -> dict:
         """Greedy accuracy of ``model`` on the held-out set (all processes must call this together)."""
         from trl.models import unwrap_model_for_generation
 
         state = PartialState()
+        pool, timeout = self.grading(trainer)
         n = len(self.dataset) if max_samples is None else min(max_samples, len(self.dataset))
         with state.split_between_processes(list(range(n)), apply_padding=True) as shard:
             subset = self.dataset.select(shard)
+            options = dict(batch_size=self.batch_size, grade_timeout=timeout, pool=pool)
             if trainer is not None:
                 with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as unwrapped:
-                    result = evaluate(
-                        unwrapped, tokenizer, subset, self.task, self.max_new_tokens, batch_size=self.batch_size
-                    )
+                    result = evaluate(unwrapped, tokenizer, subset, self.task, self.max_new_tokens, **options)
             else:
                 model.to(state.device)
-                result = evaluate(model, tokenizer, subset, self.task, self.max_new_tokens, batch_size=self.batch_size)
+                result = evaluate(model, tokenizer, subset, self.task, self.max_new_tokens, **options)
             for record, index in zip(result.records, shard, strict=True):
                 record["index"] = index
         records = {r["index"]: r for r in gather_object(result.records)}  # padding repeats the last index
         records = [records[i] for i in range(n)]
-        counts = {g: sum(r["grade"] == g for r in records) for g in ("correct", "wrong", "unparseable")}
+        counts = {g: sum(r["grade"] == g for r in records) for g in EVAL_GRADES}
         summary = {"accuracy": counts["correct"] / n if n else 0.0, **counts, "total": n}
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -59,12 +112,15 @@ class TaskEvaluator:
                 for record in records:
                     f.write(json.dumps(record) + "\n")
             logger.info(
-                "held-out accuracy (%s): %.3f (%d correct, %d wrong, %d unparseable of %d)",
+                "held-out accuracy (%s): %.3f (%d correct, %d wrong, %d unparseable, %d grading timeouts, "
+                "%d grading errors of %d)",
                 label,
                 summary["accuracy"],
                 counts["correct"],
                 counts["wrong"],
                 counts["unparseable"],
+                counts["timeout"],
+                counts["error"],
                 n,
             )
         return summary
