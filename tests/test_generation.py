@@ -99,6 +99,12 @@ def test_layout_helpers():
             ["--generation.backend", "vllm_server", "--lora_modules_to_save", "[lm_head]"],
             r"lora_modules_to_save: \['lm_head'\]: vLLM loads adapters only with modules_to_save None",
         ),
+        # issue 11 #6: retried for server_timeout after the model loaded, instead of refused here
+        (["--generation.backend", "vllm_server", "--generation.port", "99999"], "generation.port 99999 is not a TCP"),
+        (["--generation.backend", "vllm_server", "--generation.port", "0"], "generation.port 0 is not a TCP"),
+        (["--generation.backend", "vllm_server", "--generation.request_timeout", "0"], "request_timeout must be"),
+        (["--generation.backend", "vllm_server", "--generation.server_timeout", "nan"], "server_timeout must be"),
+        (["--generation.backend", "vllm_server", "--generation.max_retries", "-1"], "max_retries must be 0 or"),
     ],
 )
 def test_generation_section_errors(args, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import math
 import socket
 import time
@@ -281,6 +282,30 @@ def test_hung_server_times_out(server, prompts):
     elapsed = time.monotonic() - start
     assert elapsed < 1.5 and elapsed < client.worst_case_s
     assert server.url in str(info.value) and "Timeout" in str(info.value)
+    fixture_post(server.url, "reset")
+
+
+def test_a_frozen_server_is_not_asked_again_and_the_wait_is_logged(server, prompts, monkeypatch, caplog):
+    """Issue 11 #6: a server that accepts a request and never answers was asked max_retries more times, each waiting
+    request_timeout (40 minutes with the defaults), without a log line."""
+    from hf_grpo.generation import vllm_client
+
+    monkeypatch.setattr(vllm_client, "HEARTBEAT_S", 0.1)
+    client = VLLMServerClient(server.url, request_timeout=0.6, connect_timeout=1, max_retries=3, backoff=0.05)
+    fixture_post(server.url, "reset")
+    fixture_post(server.url, "delay", seconds=3, count=4, path="/v1/completions")
+    start = time.monotonic()
+    with (
+        caplog.at_level(logging.INFO, logger="hf_grpo.generation.vllm_client"),
+        pytest.raises(VLLMConnectionError) as info,
+    ):
+        client.generate(prompts, n=1, max_tokens=4, model=SERVED)
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.5, elapsed  # one request_timeout, not four
+    assert stats(server.url)["POST /v1/completions"] == 1
+    assert "did not answer within request_timeout 0.6s" in str(info.value)
+    beats = [r.message for r in caplog.records if r.message.startswith("still waiting for")]
+    assert beats and "POST /v1/completions" in beats[0] and "of 1 s" in beats[0], beats
     fixture_post(server.url, "reset")
 
 

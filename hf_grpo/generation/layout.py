@@ -61,7 +61,8 @@ class GenerationArguments:
         server_timeout (`float`, defaults to `600.0`):
             Seconds to wait for the server to become healthy before giving up.
         request_timeout (`float`, defaults to `600.0`):
-            Seconds one generation request may take before it counts as failed.
+            Seconds one generation request may take before it counts as failed; one that gets no answer in that
+            time is not resent (a frozen server stops the run after this long, logging every 30 s while it waits).
         max_retries (`int`, defaults to `3`):
             Retries of a request on connection errors and HTTP 429/502/503/504.
         serve_command (`list[str]`, defaults to `["vllm", "serve"]`):
@@ -145,6 +146,13 @@ def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, expl
     if clash:
         problems.append(f"generation.backend decides {clash}; remove them from the recipe or unset generation.backend")
     if gen.backend == "vllm_server":
+        if gen.starts_server() and not 1 <= gen.port <= 65535:
+            problems.append(f"generation.port {gen.port} is not a TCP port: use one in 1-65535 that is free")
+        for key in ("server_timeout", "request_timeout"):
+            if not getattr(gen, key) > 0:  # also catches NaN
+                problems.append(f"generation.{key} must be a positive number of seconds, got {getattr(gen, key)}")
+        if gen.max_retries < 0:
+            problems.append(f"generation.max_retries must be 0 or more, got {gen.max_retries}")
         if gen.sync_mode(use_peft) == "lora" and not use_peft:
             problems.append("generation.weight_sync: lora needs use_peft: true (only an adapter can be synced)")
         if gen.sync_mode(use_peft) == "lora" and lora_r > LORA_RANKS[-1]:

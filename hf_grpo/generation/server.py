@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .vllm_client import VLLMServerClient
+from .vllm_client import VLLMServerClient, still_waiting
 
 
 logger = logging.getLogger(__name__)
@@ -63,19 +63,24 @@ class VLLMServerProcess:
     def wait_healthy(self) -> None:
         client = VLLMServerClient(self.url, connect_timeout=5.0, request_timeout=5.0)
         deadline = time.monotonic() + self.timeout_s
+        what = f"the vLLM server at {self.url} to become healthy (generation.server_timeout; log: {self.log_path})"
         try:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise ServerStartError(
-                        f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
-                        f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
-                    )
-                if client.health():
-                    logger.info("vLLM server healthy at %s", self.url)
-                    return
-                time.sleep(1.0)
+            with still_waiting(what, self.timeout_s):
+                self._poll_health(client, deadline)
         finally:
             client.close()
+
+    def _poll_health(self, client: VLLMServerClient, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
+                    f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            if client.health():
+                logger.info("vLLM server healthy at %s", self.url)
+                return
+            time.sleep(1.0)
         raise ServerStartError(
             f"the vLLM server at {self.url} was not healthy after {self.timeout_s:.0f} s (generation.server_timeout). "
             f"Check {self.log_path} (model download, GPU memory: generation.gpu_memory_utilization, port in use). "

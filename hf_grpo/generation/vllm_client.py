@@ -77,9 +77,11 @@ snapshot was too large to fetch), so "in the whole range" below means "no change
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +94,26 @@ logger = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _TRANSIENT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 _CHECKS = "Check that `vllm serve` is running (read its log), the host and port, and any firewall in between."
+HEARTBEAT_S = 30.0  # a wait on the server logs a line this often
+
+
+@contextlib.contextmanager
+def still_waiting(what: str, limit_s: float, every_s: float | None = None):
+    """Log ``still waiting for <what>: N s of <limit_s> s`` every ``every_s`` (``HEARTBEAT_S``) seconds until the
+    block ends."""
+    done, start, every_s = threading.Event(), time.monotonic(), every_s or HEARTBEAT_S
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            logger.info("still waiting for %s: %.0f s of %.0f s", what, time.monotonic() - start, limit_s)
+
+    thread = threading.Thread(target=beat, name="vllm-wait-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class VLLMServerError(RuntimeError):
@@ -159,7 +181,8 @@ class VLLMServerClient:
     def worst_case_s(self) -> float:
         """Upper bound on how long one call can take before it raises (not counting a server that trickles bytes)."""
         sleeps = sum(min(self.max_backoff, self.backoff * 2**k) for k in range(self.max_retries))
-        return (self.max_retries + 1) * (self.connect_timeout + self.request_timeout) + sleeps
+        # only connection failures are retried; a request that got no answer (read timeout) is not
+        return (self.max_retries + 1) * self.connect_timeout + self.request_timeout + sleeps
 
     def close(self) -> None:
         self.session.close()
@@ -172,9 +195,16 @@ class VLLMServerClient:
         for attempt in range(attempts):
             response, retry_after = None, None
             try:
-                response = self.session.request(
-                    method, url, json=payload, timeout=(self.connect_timeout, self.request_timeout)
-                )
+                with still_waiting(f"the vLLM server to answer {method} {path}", self.request_timeout):
+                    response = self.session.request(
+                        method, url, json=payload, timeout=(self.connect_timeout, self.request_timeout)
+                    )
+            except requests.ReadTimeout as exc:  # connected, then no answer: resending would wait as long again
+                raise VLLMConnectionError(
+                    f"vLLM server at {self.base_url} accepted {method} {path} but did not answer within "
+                    f"request_timeout {self.request_timeout:g}s ({type(exc).__name__}); a request is not resent to a "
+                    f"server that stopped answering. {_CHECKS}"
+                ) from None
             except _TRANSIENT_ERRORS as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
