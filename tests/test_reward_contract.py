@@ -166,3 +166,43 @@ def test_a_gold_column_in_another_tasks_format_is_named_when_the_data_loads(tmp_
     mismatch = [r.message for r in caplog.records if "sampled gold answers" in r.message]
     assert len(mismatch) == 1 and "9 of 10" in mismatch[0] and "look like math" in mismatch[0]
     assert train["solution"] == ["#### 2"]  # the unreadable rows are dropped (and counted), not graded as 8
+
+
+def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp_path):
+    """Issue 10 #1: a ``PreTrainedModel`` in ``reward_funcs`` (TRL scores prompt + completion with it) and an async
+    reward (awaited by TRL) keep working next to isolated rewards."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from . import reward_plugins
+
+    data = write_dataset(tmp_path / "data.jsonl", conversational=False)
+    train, _ = load_grpo_datasets(DataArguments(dataset_name=str(data), task="gsm8k", prompt_style="plain"))
+    tokenizer = build_tokenizer()
+    policy = build_model(tokenizer, hidden_size=32)
+    config = Qwen2Config(**{**policy.config.to_dict(), "num_labels": 1})
+    torch.manual_seed(0)
+    scorer = Qwen2ForSequenceClassification(config).eval()
+    isolated = load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:unsloth_answer"]))
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=[*isolated, scorer, reward_plugins.async_reward],
+        reward_processing_classes=[None, tokenizer, None],
+        args=tiny_config(tmp_path / "out", per_device_train_batch_size=16),
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=tiny_lora(),
+    )
+    rows = [row for row in train for _ in ANSWERS]
+    completions = completions_for(list(train), conversational=False)
+    ids = [tokenizer(c)["input_ids"] for c in completions]
+    try:
+        rewards = trainer._calculate_rewards(rows, [r["prompt"] for r in rows], completions, ids)
+    finally:
+        isolated[0].pool.close()
+    assert rewards[:, 0].tolist() == [2.0, 0.0, 2.0, 0.0] * len(PROBLEMS)
+    texts = [r["prompt"] + c for r, c in zip(rows, completions, strict=True)]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.inference_mode():
+        expected = scorer(**batch).logits[:, 0]
+    torch.testing.assert_close(rewards[:, 1], expected)
+    assert rewards[:, 2].tolist() == [1.0] * len(rows)
