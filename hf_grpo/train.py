@@ -112,6 +112,7 @@ def run(recipe: Recipe) -> dict:
     from .evaluation.report import write_report
     from .evaluation.tasks import TaskEvaluator
     from .rewards import load_reward_funcs
+    from .rewards.isolation import RewardFailedError
     from .trainer import GRPOTrainer
 
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
@@ -153,6 +154,7 @@ def run(recipe: Recipe) -> dict:
         peft_config=get_peft_config(recipe.model),
         callbacks=[HistoryCallback(args.output_dir)],
     )
+    trainer.max_unscored_calls = recipe.rewards.reward_max_failed_calls
     state = trainer.accelerator.state
     logger.info(
         "training on %d process(es), %s, device %s", state.num_processes, state.distributed_type.value, state.device
@@ -163,7 +165,12 @@ def run(recipe: Recipe) -> dict:
         results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
     if evaluator is not None and args.task_eval_steps > 0:
         trainer.add_callback(evaluator.callback(trainer))
-    trainer.train(resume_from_checkpoint=resume)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except RewardFailedError:  # stopped early for a broken reward: the report shows the run up to there
+        if trainer.accelerator.is_main_process:
+            write_report(args.output_dir)
+        raise
     trainer.save_model(args.output_dir)
 
     if evaluator is not None and args.eval_before_after:

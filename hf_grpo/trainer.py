@@ -57,6 +57,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .checkpoints import write_manifest
 from .config import HfGRPOConfig
+from .rewards.isolation import DEFAULT_MAX_FAILED_CALLS, RewardFailedError
 from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
 
 
@@ -140,6 +141,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._stream = PromptStream(len(self.train_dataset), self.args.seed) if self.args.dynamic_sampling else None
         self._keep_digest = hashlib.sha256()  # every global keep decision, hashed: tests compare it across ranks
         self._zero_reward_batches = 0
+        self._unscored_calls = 0  # consecutive scoring calls in which no completion got a reward
+        self.max_unscored_calls = DEFAULT_MAX_FAILED_CALLS  # then RewardFailedError; train.py sets the recipe's
+        self._warned_infinite: set[str] = set()
         self.last_task_eval: tuple[int, float] | None = None  # (step, held-out accuracy), set by the task evaluator
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -209,8 +213,32 @@ class GRPOTrainer(trl.GRPOTrainer):
         rewards_per_func = self._timed(
             "reward", super()._calculate_rewards, inputs, prompts, completions, completion_ids_list
         )
+        rewards_per_func = self._drop_infinite(rewards_per_func)
         self._last_rewards_per_func = rewards_per_func  # [B*G global, num_funcs], gathered across processes
         return rewards_per_func
+
+    def _drop_infinite(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """±inf rewards become NaN (no reward, as None): one would make every advantage of its group NaN or zero.
+        Counted per function in ``rewards/<name>/nonfinite`` and named in a warning the first time.
+
+        NaN itself is TRL's encoding of None, so a reward that returns NaN is taken as declining to score."""
+        infinite = torch.isinf(rewards_per_func)  # [B*G global, F]
+        mode = "train" if self.model.training else "eval"
+        for i, name in enumerate(self.reward_func_names):
+            count = int(infinite[:, i].sum())
+            self.record_metric(f"rewards/{name}/nonfinite", float(count), mode)
+            if count and name not in self._warned_infinite:
+                self._warned_infinite.add(name)
+                logger.warning(
+                    "reward %r returned ±inf for %d of %d completions (step %d): they get no reward; further ones are "
+                    "counted in rewards/%s/nonfinite",
+                    name,
+                    count,
+                    infinite.shape[0],
+                    self.state.global_step,
+                    name,
+                )
+        return rewards_per_func.masked_fill(infinite, torch.nan) if infinite.any() else rewards_per_func
 
     def training_step(self, model, inputs, num_items_in_batch):
         if self._step_started is None:
@@ -309,12 +337,20 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _check_reward_health(self, finite: torch.Tensor, total: int) -> None:
         """Warn loudly when no completion could be scored, or when rewards have been all zero for a long time."""
+        self._unscored_calls = self._unscored_calls + 1 if finite.numel() == 0 else 0
         if finite.numel() == 0:
             logger.error(
                 "REWARDS: every reward function returned None for all %d completions of this batch (step %d): the "
                 "rewards are broken or timing out (see rewards/*/timeouts and rewards/*/errors)",
                 total,
                 self.state.global_step,
+            )
+        if self._unscored_calls >= self.max_unscored_calls:
+            raise RewardFailedError(
+                f"no completion got a reward in {self._unscored_calls} consecutive batches (step "
+                f"{self.state.global_step}; reward_max_failed_calls: {self.max_unscored_calls}): every reward function "
+                f"({', '.join(self.reward_func_names)}) returned None or ±inf for all of them; check that they can "
+                "score this model's output and the dataset's gold column"
             )
         self._zero_reward_batches = self._zero_reward_batches + 1 if finite.numel() == 0 or not finite.any() else 0
         if self._zero_reward_batches == ZERO_REWARD_PATIENCE:

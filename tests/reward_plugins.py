@@ -9,6 +9,7 @@ an async one (neither is isolated).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -116,3 +117,13 @@ def logs_everything(completions, trainer_state, log_metric, log_extra, level, **
 def wrong_signature(prompts, completions) -> list[float]:
     """A reward whose signature TRL cannot call (no ``**kwargs`` for the columns): it fails on every completion."""
     return [0.0] * len(completions)
+
+
+def always_none(completions, **kwargs) -> list[None]:
+    """Declines to score anything (None for every completion)."""
+    return [None] * len(completions)
+
+
+def partly_infinite(completions, **kwargs) -> list[float]:
+    """+inf for a completion whose length is 0 mod 4, -inf for 1 mod 4, 1.0 for the others."""
+    return [{0: math.inf, 1: -math.inf}.get(len(_text(c)) % 4, 1.0) for c in completions]

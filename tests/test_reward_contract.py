@@ -206,3 +206,38 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
         expected = scorer(**batch).logits[:, 0]
     torch.testing.assert_close(rewards[:, 1], expected)
     assert rewards[:, 2].tolist() == [1.0] * len(rows)
+
+
+def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
+    """Issue 11 #2: a run whose rewards were all None logged an error per batch, trained on nothing to the end and then
+    died in write_report (TypeError on a None reward): exit 1, no summary.md."""
+    out = tmp_path / "run"
+    result = run_module(
+        "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "30", "--arithmetic_train_size", "64",
+        "--arithmetic_eval_size", "8", "--reward_funcs", "[tests.reward_plugins:always_none]",
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(errors) == 1 and "no completion got a reward in 3 consecutive batches" in errors[0], errors
+    assert "always_none" in errors[0] and "Traceback" not in result.stderr
+    summary = (out / "summary.md").read_text()
+    assert "reward: n/a" in summary or "Training summary" in summary
+
+
+def test_infinite_rewards_are_counted_and_left_out(tmp_path):
+    """Issue 11 #2: ±inf rewards zeroed every loss (nothing learned) without a counter, and the report crashed."""
+    out = tmp_path / "run"
+    result = run_module(
+        "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "2", "--arithmetic_train_size", "64",
+        "--arithmetic_eval_size", "8", "--dynamic_sampling", "false",
+        "--reward_funcs", "[gsm8k_correctness, tests.reward_plugins:partly_infinite]",
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    assert len(history) == 2
+    for record in history:
+        assert record["rewards/partly_infinite/nonfinite"] > 0 and record["rewards/gsm8k_correctness/nonfinite"] == 0
+        assert math.isfinite(record["reward"]) and math.isfinite(record["rewards/partly_infinite/mean"])
+    assert "returned ±inf" in result.stderr and (out / "summary.md").is_file()

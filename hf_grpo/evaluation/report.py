@@ -270,6 +270,11 @@ def eval_table(results: dict, gain: dict | None = None) -> str:
     return "\n".join(rows)
 
 
+def _num(value) -> str:
+    """A logged number to 3 decimals; ``n/a`` for one that is missing or not finite (a batch no reward could score)."""
+    return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+
 def summary_markdown(output_dir: str | Path) -> str:
     """A Markdown summary of the run: held-out before/after table, training facts, the plot."""
     output_dir = Path(output_dir)
@@ -287,9 +292,9 @@ def summary_markdown(output_dir: str | Path) -> str:
         lines += ["## Training", "", f"- optimizer steps: {last['step']}"]
         if runtime is not None:
             lines.append(f"- training time: {runtime:.0f} s")
-        lines.append(f"- reward: {logged[0]['reward']:.3f} (first log) -> {last['reward']:.3f} (last log)")
+        lines.append(f"- reward: {_num(logged[0]['reward'])} (first log) -> {_num(last['reward'])} (last log)")
         if "accuracy" in last:
-            lines.append(f"- train accuracy (sampled): {logged[0]['accuracy']:.3f} -> {last['accuracy']:.3f}")
+            lines.append(f"- train accuracy (sampled): {_num(logged[0].get('accuracy'))} -> {_num(last['accuracy'])}")
         if "dynamic_sampling/kept_fraction" in last:
             kept = [r["dynamic_sampling/kept_fraction"] for r in logged if "dynamic_sampling/kept_fraction" in r]
             lines.append(f"- dynamic sampling: {sum(kept) / len(kept):.0%} of generated groups kept on average")
