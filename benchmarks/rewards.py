@@ -1,11 +1,22 @@
-"""Reward throughput: isolated (worker pool) vs in-process grading vs TRL's ``accuracy_reward``, and one bad input.
+"""Reward workers: hf_grpo's ``RewardPool`` vs pebble's ``ProcessPool``; and isolated vs in-process vs TRL grading.
 
-    python benchmarks/rewards.py                      # 2,000 completions, 2 workers, best of 3 after a warm-up
-    python benchmarks/rewards.py --n 400 --repeats 1  # a quick look
+    python benchmarks/rewards.py                      # the pools (about 1 minute on 2 cores)
+    python benchmarks/rewards.py --pool ours          # only RewardPool (or --pool pebble)
+    python benchmarks/rewards.py --pool none --graders          # only the grader comparison (about 2.5 minutes)
+    python benchmarks/rewards.py --pool none --graders --n 400 --repeats 1  # a quick look
 
-It builds N realistic completions in code (half GSM8K-style, half MATH-style: reasoning then a ``####``, boxed or
-"The answer is" answer, about 55% right, 35% wrong and 10% unparseable), then times, wall clock, best of
-``--repeats`` after one warm-up:
+Pools (``--pool``, issue 10 item 6: could ``hf_grpo/rewards/isolation.py`` be replaced by pebble?). The same work on
+``RewardPool`` and on ``benchmarks/pebble_pool.py``'s ``PebblePool`` (``pebble.ProcessPool`` on the same preloaded
+"forkserver" context, once as it comes and once with an initializer that adds ``isolation.py``'s worker hardening):
+start-up (cold, in a fresh interpreter, and warm), throughput (``--pool-n`` completions graded with
+``grade_completion`` by ``--workers`` workers, the pools taking turns), kill latency and replacement latency on a
+1-worker pool (a hung item with timeout ``--kill-timeout``, then the next item), what a worker dying while idle does
+to the pool, and which workers and helper processes outlive a parent that is SIGKILLed while a worker is stuck in C
+code. The method is printed above the tables.
+
+Graders (``--graders``). It builds N realistic completions in code (half GSM8K-style, half MATH-style: reasoning then
+a ``####``, boxed or "The answer is" answer, about 55% right, 35% wrong and 10% unparseable), then times, wall clock,
+best of ``--repeats`` after one warm-up:
 
 - ``hf_grpo`` isolated: ``gsm8k_correctness`` on the GSM8K half and ``math_correctness`` on the MATH half, each
   through ``isolate`` on one ``RewardPool`` of ``--workers`` processes;
@@ -22,11 +33,13 @@ the same reason.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -205,15 +218,8 @@ def machine() -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=2000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--trl-limit", type=float, default=60.0, help="hard limit for TRL on the bad batch (s)")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="    [log] %(message)s")
-
+def compare_graders(args: argparse.Namespace) -> None:
+    """Isolated vs in-process ``hf_grpo`` grading vs TRL's ``accuracy_reward``, then one pathological completion."""
     from trl.rewards import accuracy_reward
 
     from hf_grpo.rewards.functions import gsm8k_correctness, math_correctness
@@ -222,7 +228,7 @@ def main() -> None:
     data = build(args.n)
     g, m = data["gsm8k"], data["math"]
     n_g, n_m = len(g["completions"]), len(m["completions"])
-    print(f"machine: {machine()}")
+    print("== graders: hf_grpo isolated vs in-process vs TRL's accuracy_reward")
     print(
         f"N = {args.n} completions ({n_g} GSM8K-style, {n_m} MATH-style); wall clock (time.perf_counter), "
         f"best of {args.repeats} after 1 warm-up; isolated pool: {args.workers} worker processes (forkserver)"
@@ -307,6 +313,385 @@ def main() -> None:
     print(trl_in_subprocess(trl_bad, bad["solution"], limit))
     print(f"  worker processes started in all: {pool.started_workers} ({pool.num_workers} + replacements)")
     pool.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pools: hf_grpo's RewardPool vs pebble's ProcessPool (issue 10, item 6)
+
+POOL_CHOICES = {
+    "ours": ["ours"],
+    "pebble": ["pebble", "pebble+init"],
+    "both": ["ours", "pebble", "pebble+init"],
+    "none": [],
+}
+POOL_LABELS = {
+    "ours": "hf_grpo RewardPool",
+    "pebble": "pebble (stock)",
+    "pebble+init": "pebble + our init",
+}
+FIRST_ITEM = {"completion": r"so $\boxed{\frac{1}{2}}$", "gold": r"\boxed{0.5}"}  # one MATH grade
+ORPHAN_WAIT_S = 3.0  # after the parent's SIGKILL, how long its workers get to go away
+POOL_TIMEOUT_S = 10.0  # the per-completion timeout of the throughput runs (recipes' default reward_timeout)
+
+
+def make_pool(kind: str, workers: int):
+    if kind == "ours":
+        from hf_grpo.rewards.isolation import RewardPool
+
+        return RewardPool(workers)
+    from pebble_pool import PebblePool
+
+    return PebblePool(workers, init="hardened" if kind == "pebble+init" else "stock")
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def pool_child(kind: str, workers: int) -> None:
+    """In a fresh interpreter (``--_child``): cold start-up, then one worker stuck in C code, then wait to be killed.
+
+    Prints one JSON line: start-up seconds, the worker pids, the fork server's and resource tracker's pids, and
+    whether the stuck worker was seen running.
+    """
+    import functools
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+    import threading
+
+    import psutil
+    from pebble_pool import c_loop_forever, graded_by
+
+    if kind != "ours":
+        import pebble  # noqa: F401 - imports are not start-up: RewardPool's are done above by pebble_pool
+
+    start = time.perf_counter()
+    pool = make_pool(kind, workers)
+    (first,) = pool.map(functools.partial(graded_by, "math"), [FIRST_ITEM], timeout=120.0)
+    startup = time.perf_counter() - start
+    threading.Thread(target=pool.map, args=(c_loop_forever, [{}], 3600.0), daemon=True).start()
+    running = False
+    end = time.monotonic() + 5.0
+    while not running and time.monotonic() < end:  # until a worker is on the CPU (in the C loop)
+        time.sleep(0.1)
+        running = any(psutil.Process(pid).status() == psutil.STATUS_RUNNING for pid in pool.worker_pids if _alive(pid))
+    helpers = [
+        multiprocessing.forkserver._forkserver._forkserver_pid,
+        multiprocessing.resource_tracker._resource_tracker._pid,
+    ]
+    info = {
+        "startup_s": startup,
+        "first_ok": first.ok,
+        "workers": pool.worker_pids,
+        "helpers": helpers,
+        "stuck": running,
+    }
+    print(json.dumps(info), flush=True)
+    time.sleep(3600)
+
+
+def cold_start_and_orphans(kind: str, workers: int) -> dict:
+    """Run ``pool_child`` in a fresh interpreter, SIGKILL it once its worker is stuck, count what outlives it."""
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--_child", kind, "--workers", str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    import select
+
+    line = ""
+    if select.select([child.stdout], [], [], 180.0)[0]:
+        line = child.stdout.readline()
+    child.kill()  # SIGKILL: no atexit, no finalizers, no pool.close()
+    child.wait()
+    killed = time.monotonic()
+    if not line:
+        return {"error": (child.stderr.read().strip().splitlines() or ["no output"])[-1]}
+    info = json.loads(line)
+    watched = info["workers"] + info["helpers"]
+    while time.monotonic() - killed < ORPHAN_WAIT_S and any(_alive(pid) for pid in watched):
+        time.sleep(0.05)
+    gone_after = time.monotonic() - killed
+    info["workers_left"] = [pid for pid in info["workers"] if _alive(pid)]
+    info["helpers_left"] = [pid for pid in info["helpers"] if _alive(pid)]
+    info["gone_after_s"] = gone_after
+    for pid in info["workers_left"] + info["helpers_left"]:  # processes this benchmark started: clean up
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return info
+
+
+def kill_and_replace(pool, hangs: dict, timeout: float) -> dict:
+    """On a 1-worker pool: per hang, kill latency (past ``timeout``) and replacement latency (kill to next result)."""
+    import functools
+
+    from pebble_pool import graded_by
+
+    fn = functools.partial(graded_by, "math")
+    (warm,) = pool.map(fn, [FIRST_ITEM], timeout=120.0)
+    pid = warm.value[0]
+    out = {}
+    for name, (hang_fn, hang_item) in hangs.items():
+        start = time.perf_counter()
+        (hung,) = pool.map(hang_fn, [hang_item], timeout=timeout)
+        kill = time.perf_counter() - start - timeout
+        start = time.perf_counter()
+        (after,) = pool.map(fn, [FIRST_ITEM], timeout=120.0)
+        replace = time.perf_counter() - start
+        new_pid = after.value[0] if after.ok else None
+        out[name] = {
+            "status": hung.status,
+            "kill_s": kill,
+            "replace_s": replace,
+            "new_worker": new_pid not in (None, pid),
+        }
+        pid = new_pid
+    # a worker that dies while idle, between two calls (the OOM killer, a segfault in a C extension's thread)
+    os.kill(pool.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.5)
+    try:
+        (after,) = pool.map(fn, [FIRST_ITEM], timeout=120.0)
+        out["idle death"] = after.status
+    except Exception as exc:  # noqa: BLE001 - reported
+        out["idle death"] = f"raises {type(exc).__name__}: {exc}"
+    return out
+
+
+def compare_pools(args: argparse.Namespace) -> None:
+    """hf_grpo's RewardPool vs pebble's ProcessPool: start-up, throughput, kill and replacement, parent SIGKILL."""
+    import functools
+    import multiprocessing
+    import multiprocessing.forkserver
+    import statistics
+
+    from pebble_pool import PEBBLE_PRELOAD, c_loop_forever, graded_by, worker_info
+
+    from hf_grpo.rewards.functions import grade_completion
+    from hf_grpo.rewards.isolation import PRELOAD
+
+    kinds = POOL_CHOICES[args.pool]
+    use_pebble = any(k != "ours" for k in kinds)
+    if use_pebble:
+        import pebble
+
+        version = f"pebble {pebble.__version__}"
+    T = args.kill_timeout
+    data = build(args.pool_n)
+    halves = {
+        "GSM8K": (functools.partial(grade_completion, "gsm8k"), data["gsm8k"]),
+        "MATH": (functools.partial(grade_completion, "math"), data["math"]),
+    }
+    halves = {
+        name: (fn, [{"completion": c, "gold": s} for c, s in zip(d["completions"], d["solution"], strict=True)])
+        for name, (fn, d) in halves.items()
+    }
+    n_g, n_m = len(halves["GSM8K"][1]), len(halves["MATH"][1])
+    hangs = {
+        "C loop": (c_loop_forever, {}),
+        "Math-Verify#65": (functools.partial(graded_by, "math"), {"completion": PATHOLOGICAL, "gold": r"\boxed{1}"}),
+    }
+
+    print(
+        f"== pools: {', '.join(POOL_LABELS[k] for k in kinds)}"
+        + (
+            f" ({version}; 'stock' = initializer warm_up, '+ our init' = warm_up + _die_with_parent + SIGTERM SIG_DFL)"
+            if use_pebble
+            else ""
+        )
+    )
+    print(
+        "method (wall clock, time.perf_counter; every pool on a 'forkserver' context preloading hf_grpo.rewards, sympy,"
+    )
+    print("        latex2sympy2_extended, math_verify, and pebble for the pebble pools):")
+    print("  start cold: a fresh interpreter (fork server not running), from creating the pool to the first result")
+    print(f"              (one MATH grade), {args.workers} workers; includes starting the fork server and its preload")
+    print(f"  start warm: the same in this process, fork server already running, {args.workers} workers")
+    print(
+        f"  throughput: {args.pool_n} completions ({n_g} GSM8K-style, {n_m} MATH-style, as --graders builds them) graded"
+    )
+    print(
+        f"              by grade_completion through pool.map(fn, items, timeout={POOL_TIMEOUT_S:g}), one map per half as"
+    )
+    print(
+        f"              IsolatedCorrectness calls it; {args.workers} workers; 'all' = both halves; best and median of"
+    )
+    print(f"              {args.pool_repeats} after 1 warm-up, the pools taking turns (order rotated each repeat)")
+    print(f"  kill:       a 1-worker pool maps one hung item with timeout T = {T:g} s; latency = wall clock - T")
+    print("              (hangs: 'C loop' = sum(range(10**13)), one C call that never lets a signal handler run;")
+    print("              'Math-Verify#65' = grade_completion('math', 5^{5^{5^{5^5}}} input))")
+    print("  replace:    right after the kill, the same pool maps one MATH item: wall clock until its result, which")
+    print("              must come from a new worker (pid checked); then that worker is SIGKILLed while idle and")
+    print("              the pool maps one more item")
+    print("  orphans:    the 'start cold' interpreter then puts one worker in the C loop and is SIGKILLed; workers")
+    print(
+        f"              and helpers (fork server, resource tracker) still alive {ORPHAN_WAIT_S:g} s later (then killed)"
+    )
+    print()
+
+    # ---- cold start and orphans, each pool in its own interpreter
+    cold = {kind: cold_start_and_orphans(kind, args.workers) for kind in kinds}
+
+    # ---- this process: one fork server for every pool, started up front with the preload
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PEBBLE_PRELOAD) if use_pebble else list(PRELOAD))
+    start = time.perf_counter()
+    multiprocessing.forkserver.ensure_running()
+    first_child = ctx.Process(target=time.sleep, args=(0,))  # served once the fork server has done its preload
+    first_child.start()
+    first_child.join()
+    server_s = time.perf_counter() - start
+
+    pools, warm = {}, {}
+    preloaded = {}
+    for kind in kinds:
+        start = time.perf_counter()
+        pools[kind] = make_pool(kind, args.workers)
+        (first,) = pools[kind].map(worker_info, [{}], timeout=120.0)
+        warm[kind] = time.perf_counter() - start
+        preloaded[kind] = first.value["preloaded"] if first.ok else None
+
+    outputs, times = {}, {kind: [] for kind in kinds}
+    for kind in kinds:  # warm-up, and the reference outputs
+        outputs[kind] = {half: pools[kind].map(fn, items, POOL_TIMEOUT_S) for half, (fn, items) in halves.items()}
+    for rep in range(args.pool_repeats):
+        order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
+        for kind in order:
+            per = {"cpu": 0.0}
+            for half, (fn, items) in halves.items():
+                start, cpu = time.perf_counter(), time.process_time()
+                out = pools[kind].map(fn, items, POOL_TIMEOUT_S)
+                per[half] = time.perf_counter() - start
+                per["cpu"] += time.process_time() - cpu  # the parent's CPU, all its threads (pebble runs three)
+                if out != outputs[kind][half]:
+                    print(f"  note: {POOL_LABELS[kind]} gave different results on the {half} half in repeat {rep + 1}")
+            times[kind].append(per)
+    for pool in pools.values():
+        pool.close()
+
+    faults = {}
+    for kind in kinds:
+        pool = make_pool(kind, 1)
+        faults[kind] = kill_and_replace(pool, hangs, T)
+        pool.close()
+
+    # ---- tables
+    reference = outputs[kinds[0]]
+    print(f"this process: fork server start + preload + first child, before any 'start warm': {server_s:.2f} s")
+    header = (
+        f"{'pool':<20} {'start cold':>10} {'start warm':>10} {'GSM8K s':>8} {'MATH s':>7} {'all s':>6} "
+        f"{'median':>6} {'compl/s':>7} {'vs ours':>7} {'median vs':>9} {'parent CPU':>10} {'not ok':>6} {'same':>4}"
+    )
+    print(header)
+    best, median = {}, {}
+    for kind in kinds:
+        runs = times[kind]
+        totals = [r["GSM8K"] + r["MATH"] for r in runs]
+        best[kind], median[kind] = min(totals), statistics.median(totals)
+        ratio = f"{best['ours'] / best[kind]:7.2f}" if "ours" in best else f"{'-':>7}"
+        median_ratio = f"{median['ours'] / median[kind]:9.2f}" if "ours" in median else f"{'-':>9}"
+        cpu = statistics.median(r["cpu"] for r in runs)
+        statuses = [r.status for half in outputs[kind].values() for r in half]
+        not_ok = sum(s != "ok" for s in statuses)
+        same = outputs[kind] == reference
+        c = cold[kind]
+        cold_s = f"{c['startup_s']:10.2f}" if "startup_s" in c else f"{'failed':>10}"
+        print(
+            f"{POOL_LABELS[kind]:<20} {cold_s} {warm[kind]:10.2f} {min(r['GSM8K'] for r in runs):8.3f} "
+            f"{min(r['MATH'] for r in runs):7.3f} {best[kind]:6.3f} {median[kind]:6.3f} "
+            f"{args.pool_n / best[kind]:7.0f} {ratio} {median_ratio} {cpu:10.3f} {not_ok:>6} {'yes' if same else 'NO':>4}"
+        )
+    print(
+        "  (start: s; GSM8K / MATH / all: best s for the half / both halves; median: of 'all'; compl/s: N / best 'all';"
+    )
+    print(
+        "   vs ours / median vs: ours' seconds / this pool's, best and median, so 0.90 = 10% less throughput; parent"
+    )
+    print(
+        "   CPU: the benchmark process's CPU seconds (all threads) per 'all', median; not ok: timeouts + errors in the"
+    )
+    print("   warm-up; same: the same grades as the first pool)")
+    for kind in kinds:
+        totals = " ".join(f"{r['GSM8K'] + r['MATH']:.3f}" for r in times[kind])
+        print(f"  'all' s per repeat, {POOL_LABELS[kind]}: {totals}")
+    print()
+    print(f"{'pool':<20} {'hang':<15} {'result':<8} {'kill s past T':>13} {'replace s':>9} {'new worker':>10}")
+    for kind in kinds:
+        for hang, f in faults[kind].items():
+            if hang == "idle death":
+                continue
+            print(
+                f"{POOL_LABELS[kind]:<20} {hang:<15} {f['status']:<8} {f['kill_s']:13.3f} {f['replace_s']:9.3f} "
+                f"{'yes' if f['new_worker'] else 'NO':>10}"
+            )
+    print("then its worker is SIGKILLed while idle, and one more item is mapped:")
+    for kind in kinds:
+        print(f"  {POOL_LABELS[kind]:<20} {faults[kind]['idle death']}")
+    print()
+    print(f"{'pool':<20} {'hung worker':>11} {'workers left':>12} {'helpers left':>12} {'preloaded':>9}")
+    for kind in kinds:
+        c = cold[kind]
+        if "error" in c:
+            print(f"{POOL_LABELS[kind]:<20} child failed: {c['error']}")
+            continue
+        left = f"{len(c['workers_left'])} of {len(c['workers'])}"
+        helpers = f"{len(c['helpers_left'])} of {len(c['helpers'])}"
+        pre = {True: "yes", False: "NO", None: "n/a"}[preloaded[kind]]
+        print(
+            f"{POOL_LABELS[kind]:<20} {'running' if c['stuck'] else 'not seen':>11} {left:>12} {helpers:>12} {pre:>9}"
+        )
+    print(
+        f"  (left: still alive {ORPHAN_WAIT_S:g} s after the parent's SIGKILL; preloaded: the PRELOAD modules were already"
+    )
+    print("   imported when the worker's initializer started, i.e. it came from the preloaded fork server; RewardPool")
+    print("   workers import PRELOAD themselves before their initializer, so it cannot be seen from there: n/a)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--pool",
+        choices=sorted(POOL_CHOICES),
+        default="both",
+        help="pools to compare: hf_grpo's RewardPool ('ours'), pebble's ProcessPool as it comes and with our worker "
+        "initializer ('pebble'), all three ('both'), or none",
+    )
+    parser.add_argument(
+        "--graders",
+        action="store_true",
+        help="also compare isolated / in-process / TRL grading and the pathological batch (--n completions; about "
+        "2.5 minutes on 2 cores at the defaults)",
+    )
+    parser.add_argument("--n", type=int, default=2000, help="completions for --graders")
+    parser.add_argument("--pool-n", type=int, default=512, help="completions for the pool throughput")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per grader (--graders)")
+    parser.add_argument("--pool-repeats", type=int, default=5, help="timed runs per pool (throughput)")
+    parser.add_argument("--kill-timeout", type=float, default=2.0, help="timeout T of the pools' hung item (s)")
+    parser.add_argument("--trl-limit", type=float, default=60.0, help="hard limit for TRL on the bad batch (s)")
+    parser.add_argument("--_child", choices=sorted(POOL_LABELS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pool in ("pebble", "both"):
+        import importlib.util
+
+        if importlib.util.find_spec("pebble") is None:
+            parser.error("--pool pebble/both needs pebble, which hf_grpo does not depend on: pip install pebble")
+    if args._child:
+        pool_child(args._child, args.workers)
+        return
+    logging.basicConfig(level=logging.WARNING, format="    [log] %(message)s")
+    print(f"machine: {machine()}")
+    print()
+    if args.graders:
+        compare_graders(args)
+        print()
+    if args.pool != "none":
+        compare_pools(args)
     print(f"load avg at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

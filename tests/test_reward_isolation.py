@@ -31,6 +31,7 @@ from hf_grpo.rewards.isolation import (
     isolate,
 )
 from tests import reward_plugins
+from tests.conftest import REPO
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -382,3 +383,46 @@ def test_spawn_start_method():
         assert p.started_workers == 2
     with pytest.raises(ValueError, match="forkserver"):
         RewardPool(num_workers=1, start_method="fork")
+
+
+HEAVY_MAIN = """
+import os, sys, time
+with open(sys.argv[1], "a") as f:  # one line per process that runs this module
+    f.write(f"{os.getpid()}\\n")
+time.sleep(3)  # stands for importing torch, transformers and TRL (2-12 s under python -m hf_grpo.train)
+
+
+def main():
+    from hf_grpo.rewards.isolation import RewardPool, isolate
+    from tests import reward_plugins
+
+    pool = RewardPool(num_workers=1)
+    reward = isolate(reward_plugins.sleeps_forever, pool, timeout=1.0)
+    for _ in range(2):
+        assert reward(completions=["hang"]) == [None]
+        start = time.perf_counter()
+        assert reward(completions=["fine"]) == [1.0]  # answered by the replacement worker
+        print(f"replacement {time.perf_counter() - start:.3f}")
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_replacement_worker_does_not_rerun_the_main_module(tmp_path):
+    """Issue 11 #5: multiprocessing re-ran the training script (with its torch/TRL imports) in every new worker, so each
+    replacement after a timeout cost seconds (2.04 s, 11.8 s on a loaded machine) instead of about 0.1 s."""
+    import subprocess
+    import sys
+
+    script, runs = tmp_path / "heavy_main.py", tmp_path / "runs"
+    script.write_text(HEAVY_MAIN)
+    result = subprocess.run(
+        [sys.executable, str(script), str(runs)], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(runs.read_text().split()) == 1  # only the script's own process ran it
+    latencies = [float(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("replacement")]
+    assert len(latencies) == 2 and max(latencies) < 1.5, latencies

@@ -56,6 +56,22 @@ lambda, a function defined inside another function, or one typed into an interac
 daemonic processes, so a reward cannot start ``multiprocessing`` children of its own (``subprocess`` is fine).
 ``async`` rewards are not isolated (``isolate`` refuses them; ``load_reward_funcs`` leaves them to TRL's event loop).
 
+A new worker does not re-run the parent's main module (multiprocessing does by default) unless a reward is defined
+there: under ``python -m hf_grpo.train`` that re-import of torch and TRL made each replacement after a timeout cost
+2-12 s; it costs 0.1 s (``tests/test_reward_isolation.py::test_a_replacement_worker_does_not_rerun_the_main_module``).
+
+Why not pebble (issue 10; ``python benchmarks/rewards.py --pool both``, pebble 5.2.3, 2 workers, a shared 2-core EPYC
+at load 3-4, two runs). ``pebble.ProcessPool`` on the same preloaded forkserver context gives the same grades on 512
+completions and starts and replaces workers about as fast (cold 0.9-1.8 s, warm 0.4-0.6 s, 0.12-0.29 s per
+replacement; this pool 1.05-1.16 s, 0.4-0.6 s, 0.11-0.14 s), but reached 0.70-0.90x this pool's throughput (best of
+5; about 0.1 ms more per item and twice the parent's CPU, from its manager threads), under the 10% bar. It also
+breaks guarantees: a worker stuck in one C call ignores pebble's Python SIGTERM handler, so the kill lands 3.1 s
+after the timeout (here 0.01 s); after a SIGKILLed parent the stuck worker, the fork server and the resource tracker
+live on (here nothing does); and one worker dying while idle (the OOM killer) or one result the parent cannot
+unpickle leaves the whole pool raising "Unexpected error within the Pool" for good (here: replaced, or that item's
+error). An initializer of ours (``_die_with_parent``, SIGTERM's default action) repairs the first two, not the
+third, and the wrapper, initializer and recovery would bring back much of the code pebble would save.
+
 Pools close at interpreter exit and when garbage-collected; ``close()`` is idempotent. On Linux a worker also dies
 with the training process, even when that is SIGKILLed while the worker is stuck (``_die_with_parent``).
 """
@@ -260,6 +276,24 @@ def _worker_main(conn, preload: Sequence[str], initializer: Callable[[], None] |
 # Parent side
 
 
+@contextlib.contextmanager
+def _main_module_hidden(hide: bool):
+    """While a worker starts, show multiprocessing a bare ``__main__`` (no spec, no file) unless a reward lives there.
+
+    multiprocessing re-runs the parent's main module in every new process (``spawn.prepare``): under ``python -m
+    hf_grpo.train`` that is torch, transformers and TRL, about 2 s per worker (9 s on a loaded machine) instead of
+    0.1 s, paid again for every replacement after a timeout. The window is the ``Process.start`` call."""
+    if not hide:
+        yield
+        return
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
 class _Worker:
     """One worker process as the parent sees it: its pipe, the task ids it is running and its deadline."""
 
@@ -356,8 +390,8 @@ class RewardPool:
         if start_method == "forkserver":
             # The main module (e.g. hf_grpo.train, which imports trl) costs seconds to import: only preload it when a
             # reward is defined there. Only takes effect if the fork server is not running yet.
-            main = "__main__" in preload
-            self._ctx.set_forkserver_preload(forkserver_preload() if main else list(PRELOAD))
+            self._ctx.set_forkserver_preload(forkserver_preload() if "__main__" in preload else list(PRELOAD))
+        self._needs_main = "__main__" in preload
         self._lock = threading.RLock()
         self._next_id = 0
         self._start_failures = 0
@@ -374,7 +408,8 @@ class RewardPool:
 
     def _start(self, slot: int) -> _Worker:
         self.started_workers += 1
-        return _Worker(self._ctx, slot, self._preload, self._initializer)
+        with _main_module_hidden(not self._needs_main):
+            return _Worker(self._ctx, slot, self._preload, self._initializer)
 
     def _replace(self, w: _Worker) -> None:
         w.stop()
