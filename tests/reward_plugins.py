@@ -127,3 +127,21 @@ def always_none(completions, **kwargs) -> list[None]:
 def partly_infinite(completions, **kwargs) -> list[float]:
     """+inf for a completion whose length is 0 mod 4, -inf for 1 mod 4, 1.0 for the others."""
     return [{0: math.inf, 1: -math.inf}.get(len(_text(c)) % 4, 1.0) for c in completions]
+
+
+def spawns_and_hangs(completions, marker: str, **kwargs) -> list[float]:
+    """Starts a long-lived subprocess (its command line carries ``marker``) and then hangs forever."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"])
+    while True:
+        time.sleep(3600)
+
+
+def kills_fork_server(completions, **kwargs) -> list[float]:
+    """SIGKILLs its own parent (the reward workers' fork server), then scores 1.0."""
+    import signal
+
+    os.kill(os.getppid(), signal.SIGKILL)
+    return [1.0] * len(completions)

@@ -6,6 +6,7 @@ a second). Timeouts are short (``TIMEOUT``) and every hanging call must return w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -426,3 +427,36 @@ def test_a_replacement_worker_does_not_rerun_the_main_module(tmp_path):
     assert len(runs.read_text().split()) == 1  # only the script's own process ran it
     latencies = [float(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("replacement")]
     assert len(latencies) == 2 and max(latencies) < 1.5, latencies
+
+
+def test_a_timed_out_reward_leaves_no_subprocess_behind(pool, tmp_path):
+    """Issue 11 #4: a reward that starts a subprocess and hangs left it running, reparented to init, after its worker
+    was killed (16 orphaned `sleep` processes after one run)."""
+    marker = f"orphan-check-{os.getpid()}-{time.monotonic_ns()}"
+    reward = isolate(functools.partial(reward_plugins.spawns_and_hangs, marker=marker), pool, timeout=TIMEOUT)
+
+    def leftovers():
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if marker in " ".join(proc.info["cmdline"] or []):
+                    found.append(proc)
+        return found
+
+    try:
+        assert reward(completions=["anything"]) == [None]
+        deadline = time.monotonic() + 10
+        while leftovers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not leftovers()
+    finally:
+        for proc in leftovers():
+            proc.kill()
+
+
+def test_a_reward_that_kills_the_fork_server_does_not_stop_training(pool):
+    """Issue 11 #4: the next worker start raised EOFError from the dead fork server and crashed training."""
+    assert isolate(reward_plugins.kills_fork_server, pool, timeout=TIMEOUT)(completions=["x"]) == [1.0]
+    hangs = isolate(reward_plugins.sleeps_forever, pool, timeout=TIMEOUT)
+    assert hangs(completions=["hang"]) == [None]  # its worker is replaced: by a new fork server
+    assert hangs(completions=["fine", "fine"]) == [1.0, 1.0]

@@ -72,6 +72,10 @@ unpickle leaves the whole pool raising "Unexpected error within the Pool" for go
 error). An initializer of ours (``_die_with_parent``, SIGTERM's default action) repairs the first two, not the
 third, and the wrapper, initializer and recovery would bring back much of the code pebble would save.
 
+Each worker leads a process group of its own, and a killed worker's group is killed with it, so a subprocess a hung
+reward started does not outlive it. A fork server that died (a reward killed its own parent) is started again at the
+next worker start.
+
 Pools close at interpreter exit and when garbage-collected; ``close()`` is idempotent. On Linux a worker also dies
 with the training process, even when that is SIGKILLed while the worker is stuck (``_die_with_parent``).
 """
@@ -89,6 +93,7 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import numbers
 import os
 import pickle
@@ -221,6 +226,8 @@ def _describe(exc: BaseException) -> tuple[str, str, str]:
 def _worker_main(conn, preload: Sequence[str], initializer: Callable[[], None] | None) -> None:
     """A worker's life: import, warm up, say ready, then run chunks of items until told to stop or the pipe closes."""
     _die_with_parent()
+    with contextlib.suppress(OSError):  # a group of its own: a reward's subprocesses are stopped with the worker
+        os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's business; it closes the pool
     failed_imports = []
     for module in preload:
@@ -323,6 +330,8 @@ class _Worker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(10.0)
+        with contextlib.suppress(OSError):  # what the reward started (a hung `subprocess` child, say) goes too
+            os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             self.conn.close()
 
@@ -409,7 +418,14 @@ class RewardPool:
     def _start(self, slot: int) -> _Worker:
         self.started_workers += 1
         with _main_module_hidden(not self._needs_main):
-            return _Worker(self._ctx, slot, self._preload, self._initializer)
+            try:
+                return _Worker(self._ctx, slot, self._preload, self._initializer)
+            except (EOFError, ConnectionError) as exc:  # the fork server died (a reward killed its parent, say)
+                if self.start_method != "forkserver":
+                    raise
+                logger.warning("the reward workers' fork server is gone (%s): starting a new one", exc)
+                multiprocessing.forkserver._forkserver._stop()
+                return _Worker(self._ctx, slot, self._preload, self._initializer)
 
     def _replace(self, w: _Worker) -> None:
         w.stop()
