@@ -1,0 +1,50 @@
+"""hf_grpo: GRPO for math reasoning on top of TRL.
+
+    from hf_grpo import GRPOTrainer, HfGRPOConfig, train
+
+The names below are imported on first use, so ``import hf_grpo`` stays cheap (the launcher's watchdog,
+``python -m hf_grpo.watchdog``, imports this package and must start at once).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+_EXPORTS = {
+    "GRPOTrainer": "hf_grpo.trainer",
+    "HfGRPOConfig": "hf_grpo.config",
+    "train": "hf_grpo.train",
+    "load_recipe": "hf_grpo.recipe",
+    "RecipeError": "hf_grpo.recipe",
+    "load_reward_funcs": "hf_grpo.rewards",
+    "RewardArguments": "hf_grpo.rewards",
+    "grade": "hf_grpo.rewards",
+    "DataArguments": "hf_grpo.data",
+    "load_grpo_datasets": "hf_grpo.data",
+}
+
+__all__ = [
+    "DataArguments",
+    "GRPOTrainer",
+    "HfGRPOConfig",
+    "RecipeError",
+    "RewardArguments",
+    "grade",
+    "load_grpo_datasets",
+    "load_recipe",
+    "load_reward_funcs",
+    "train",
+]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hf_grpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
