@@ -270,10 +270,12 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
     prompt_col, gold_col, task = spec["prompt_column"], spec["solution_column"], spec["task"]
 
     def readable(row) -> bool:
+        if row[gold_col] is None:  # a null gold, which str() would make the answer "None"
+            return False
         gold = str(row[gold_col])
         return gsm8k_gold(gold) is not None if task == "gsm8k" else bool(gold.strip())
 
-    sample = [str(gold) for gold in raw.select(range(min(len(raw), GOLD_SAMPLE)))[gold_col]]
+    sample = [str(g) for g in raw.select(range(min(len(raw), GOLD_SAMPLE)))[gold_col] if g is not None]
     mismatch = check_gold_format(task, sample)
     if mismatch is not None:  # a gold column that does not match the task: wrong task or solution_column
         logger.warning(
