@@ -50,6 +50,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if "--heavy-main" in sys.argv:  # this main module then imports the training stack, as python -m hf_grpo.train does
+    _started = time.perf_counter()
+    import trl.trainer.grpo_trainer  # noqa: F401
+
+    print(f"--heavy-main: this script imported trl.trainer.grpo_trainer in {time.perf_counter() - _started:.2f} s")
 
 PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
 
@@ -666,6 +671,12 @@ def main() -> None:
         action="store_true",
         help="also compare isolated / in-process / TRL grading and the pathological batch (--n completions; about "
         "2.5 minutes on 2 cores at the defaults)",
+    )
+    parser.add_argument(
+        "--heavy-main",
+        action="store_true",
+        help="import TRL's trainer in this main module first, as the training script does: a worker that re-ran the "
+        "main module (multiprocessing's default) would pay it at every start and replacement",
     )
     parser.add_argument("--n", type=int, default=2000, help="completions for --graders")
     parser.add_argument("--pool-n", type=int, default=512, help="completions for the pool throughput")
