@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import os
 import re
 import types
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 from .config import HfGRPOConfig, ModelArguments
-from .data.loaders import TRL_COLUMNS, DataArguments, is_local_file
+from .data.loaders import LOCAL_BUILDERS, PRESETS, TRL_COLUMNS, DataArguments, is_local_file, source_splits
 from .generation.layout import GenerationArguments, check_generation, trl_fields
 from .hardware import MINIATURE_HINT, hardware_problems
 from .launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
@@ -61,12 +62,29 @@ KNOWN_CHOICES = {
 }
 # Secrets never belong in a recipe file: they would be copied into checkpoints, logs and Hub model cards.
 SECRET_KEYS = {"hub_token"}
-SECRET_ENV = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD)", re.IGNORECASE)
+# Whole segments of a variable name (HF_TOKEN, WANDB_API_KEY), so that TOKENIZERS_PARALLELISM is not a secret.
+SECRET_ENV = re.compile(r"(?:^|_)(TOKENS?|KEYS?|APIKEY|SECRETS?|PASSWORDS?|PASSWD|CREDENTIALS?)(?:_|$)", re.IGNORECASE)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class RecipeLoader(yaml.SafeLoader):
     """YAML 1.2 scalars: only true/false are booleans (``eval_strategy: no`` stays the string "no"), and ``1e-6``
-    is a float (PyYAML's YAML 1.1 rules would read it as a string)."""
+    is a float (PyYAML's YAML 1.1 rules would read it as a string). A key given twice in one mapping is an error
+    (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, typing.Hashable) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (also on line {seen[key]}); keep one", key_node.start_mark
+                    )
+                if isinstance(key, typing.Hashable):
+                    seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 RecipeLoader.yaml_implicit_resolvers = {
@@ -153,6 +171,76 @@ class Recipe:
     env: dict[str, str] = field(default_factory=dict)
     miniature: Miniature | None = None  # set by --miniature: what was swapped (hf_grpo.miniature)
     hardware: list[str] = field(default_factory=list)  # what this machine cannot run (reported by --dry-run)
+
+
+# Numeric domains: key -> (low, low included, high, high included); None is unbounded. A key set to None is unset.
+AT_LEAST_1 = (1, True, None, False)
+POSITIVE = (0, False, None, False)
+NON_NEGATIVE = (0, True, None, False)
+DOMAINS = {
+    **dict.fromkeys(
+        (
+            "max_completion_length", "lora_r", "arithmetic_train_size", "arithmetic_eval_size", "num_processes",
+            "num_machines", "max_generation_batches", "num_iterations", "max_train_samples", "max_eval_samples",
+            "task_eval_max_samples", "eval_max_new_tokens", "keep_top_k", "tiny_hidden_size",
+            "per_device_eval_batch_size", "num_generations_eval", "generation_batch_size", "steps_per_generation",
+            "reward_workers", "vllm_tensor_parallel_size", "save_total_limit",
+        ),
+        AT_LEAST_1,
+    ),
+    **dict.fromkeys(
+        ("temperature", "lora_alpha", "reward_timeout", "repetition_penalty", "warm_start_lr", "save_steps"),
+        POSITIVE,
+    ),
+    **dict.fromkeys(
+        (
+            "learning_rate", "beta", "weight_decay", "max_grad_norm", "warmup_steps", "warm_start_steps",
+            "task_eval_steps", "epsilon", "epsilon_high", "seed", "data_seed", "dataloader_num_workers", "top_k",
+            "num_train_epochs", "reward_max_failed_calls", "logging_steps", "eval_steps", "adam_epsilon",
+        ),
+        NON_NEGATIVE,
+    ),
+    "lora_dropout": (0, True, 1, False),
+    "eval_split_size": (0, True, 1, False),
+    "top_p": (0, False, 1, True),
+    "min_p": (0, True, 1, True),
+    "vllm_gpu_memory_utilization": (0, False, 1, True),
+    "adam_beta1": (0, True, 1, False),
+    "adam_beta2": (0, True, 1, False),
+}  # fmt: skip
+
+
+def _inside(value: float, domain: tuple) -> bool:
+    low, low_in, high, high_in = domain
+    above = value >= low if low_in else value > low
+    return above and (high is None or (value <= high if high_in else value < high))
+
+
+def _describe_domain(domain: tuple) -> str:
+    low, low_in, high, high_in = domain
+    if high is None:
+        return f"{'>=' if low_in else '>'} {low}"
+    return f"in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_domain(key: str, value: Any, default: Any, where: str) -> None:
+    """Refuse a number outside the key's domain (NaN and infinities included), before anything is built."""
+    for number in value if isinstance(value, list) else [value]:
+        if isinstance(number, float) and not math.isfinite(number):
+            raise RecipeError(f"{where}: {key} must be a finite number, got {number!r}; write a number such as 1.0")
+    domain = DOMAINS.get(key)
+    if domain is None or not _is_number(value) or _inside(value, domain):
+        return
+    rule = _describe_domain(domain)
+    if _is_number(default) and _inside(default, domain):
+        fix = f"set {key}: {default!r} (its default) or another value {rule}"
+    else:
+        fix = f"set a value {rule}, or remove {key}"
+    raise RecipeError(f"{where}: {key} must be {rule}, got {value!r}; {fix}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -244,6 +332,7 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: st
         choices = [m.value for m in enums[0]]
     if choices is not None and coerced is not None and coerced not in choices:
         raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {coerced!r}")
+    _check_domain(key, coerced, f.default, where)
     return coerced
 
 
@@ -255,6 +344,8 @@ def nested_index(section: str) -> dict[str, tuple[dataclasses.Field, Any]]:
 
 def check_nested(section: str, key: str, value: Any, where: str) -> Any:
     known = nested_index(section)
+    if not isinstance(key, str):
+        raise RecipeError(f"{where}: key {key!r} in {section} is not a name; see `python -m hf_grpo.train --help`")
     if key not in known:
         raise RecipeError(f"{where}: unknown key {section}.{key}{did_you_mean(key, known)}")
     f, hint = known[key]
@@ -305,12 +396,20 @@ def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[
     return path, overrides, flags
 
 
-def _parse_override(raw: str | None) -> Any:
+def _parse_override(key: str, raw: str | None, hint: Any = None) -> Any:
+    """A command-line value read as YAML; a malformed ``[list]`` or ``{mapping}`` for a field that takes one is an
+    error (read as a plain string, ``'[q_proj,'`` would become a module name)."""
     if raw is None:
         return True
     try:
         return load_yaml(raw) if raw.strip() else raw
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        takes_collection = hint is not None and (_coerce([], hint)[0] or _coerce({}, hint)[0])
+        if takes_collection and raw.lstrip().startswith(("[", "{")):
+            raise RecipeError(
+                f"command line --{key}: {raw!r} is not a valid YAML list or mapping ({getattr(exc, 'problem', exc)}); "
+                f"write it as --{key} '[a, b]'"
+            ) from None
         return raw
 
 
@@ -322,40 +421,93 @@ def default_recipe_path() -> Path:
     return shipped_dir("recipes") / DEFAULT_RECIPE
 
 
-def read_yaml(path: Path) -> dict:
+def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise RecipeError(f"recipe path {str(path)!r} is a directory; pass a recipe file such as {path}/tiny.yaml")
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist; pass a path such as recipes/tiny.yaml")
     try:
-        with open(path) as f:
-            data = load_yaml(f)
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); a recipe is YAML text saved as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot be read: {exc.strerror}") from None
+
+
+def read_yaml(path: Path) -> dict:
+    text = _read_text(path)
+    try:
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise RecipeError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        raise RecipeError(
+            f"{path}: the recipe is empty (no key: value lines); write at least model_name_or_path, or run "
+            "`python -m hf_grpo.train` with no recipe for the tiny default"
+        )
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a mapping of key: value, got {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise RecipeError(f"{path}: key {key!r} is not a name; recipe keys are field names such as learning_rate")
     return data
 
 
 def _check_env(env: Any, where: str) -> dict[str, str]:
     if not isinstance(env, dict):
         raise RecipeError(f"{where}: env must be a mapping of VARIABLE: value")
-    for name in env:
-        if SECRET_ENV.search(str(name)):
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise RecipeError(f"{where}: env.{name} is not an environment variable name (letters, digits and _)")
+        if SECRET_ENV.search(name):
             raise RecipeError(f"{where}: env.{name} looks like a secret; export it in the shell, not in a recipe")
-    return {str(k): str(v) for k, v in env.items()}
+        if isinstance(value, (dict, list)) or value is None:
+            raise RecipeError(f"{where}: env.{name} must be a string, number or boolean, got {value!r}")
+    return {k: str(v) for k, v in env.items()}
+
+
+# File suffixes that name a data file the ``datasets`` builders of hf_grpo do not read (a hub id has none of them).
+UNREADABLE_DATA_SUFFIXES = (".txt", ".tsv", ".xlsx", ".xls", ".arrow", ".yaml", ".yml", ".xml", ".zip", ".gz", ".tar")
+
+
+def _check_dataset_file(key: str, name: Any, where: str) -> None:
+    if not isinstance(name, str):
+        return
+    if is_local_file(name):
+        if not Path(name).expanduser().is_file():
+            raise RecipeError(f"{where}: {key}: local file {name!r} does not exist")
+        return
+    suffix = os.path.splitext(name)[1].lower()
+    if suffix in UNREADABLE_DATA_SUFFIXES or (suffix and Path(name).expanduser().is_file()):
+        raise RecipeError(
+            f"{where}: {key}: {name!r} is a {suffix or 'local'} file, which cannot be read as a dataset; convert it "
+            f"to one of {sorted(LOCAL_BUILDERS)} (one problem per row, with a problem and a gold answer column)"
+        )
+
+
+def _check_output_dir(output_dir: Any, where: str) -> None:
+    """``output_dir`` (or the nearest of its parents that exists) must be a directory: mkdir fails after loading."""
+    if not isinstance(output_dir, str):
+        return
+    path = Path(output_dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is an existing file" if existing == path else f"is under {str(existing)!r}, which is a file"
+        raise RecipeError(f"{where}: output_dir {output_dir!r} {what}; choose a directory path such as outputs/run")
 
 
 def _check_files(values: dict, base_dir: Path, where: str, built_later: set[str] = frozenset()) -> None:
-    dataset = values.get("dataset_name")
-    if isinstance(dataset, str) and is_local_file(dataset) and not Path(dataset).expanduser().is_file():
-        raise RecipeError(f"{where}: dataset_name: local file {dataset!r} does not exist")
+    for key in ("dataset_name", "eval_dataset_name"):
+        _check_dataset_file(key, values.get(key), where)
     model = values.get("model_name_or_path")
     local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
     if local and model not in built_later and not Path(model).expanduser().exists():
         raise RecipeError(f"{where}: model_name_or_path: local path {model!r} does not exist")
+    _check_output_dir(values.get("output_dir"), where)
     deepspeed = values.get("deepspeed")
     if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
         raise RecipeError(f"{where}: deepspeed: config file {deepspeed!r} does not exist")
@@ -410,6 +562,181 @@ def _local_columns(path: str) -> set[str]:
     except (OSError, UnicodeDecodeError, ValueError):
         return set()
     return set(record) if isinstance(record, dict) else set()
+
+
+LORA_KEYS = (
+    "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save",
+    "lora_task_type", "use_rslora", "use_dora",
+)  # fmt: skip
+
+
+def _check_lora_keys(values: dict, in_file: set[str], on_command_line: set[str], where: str) -> None:
+    """LoRA keys do nothing without use_peft: true. ``--use_peft false`` on the command line turns a LoRA recipe into
+    full fine-tuning, so only LoRA keys from the same place as (or a later place than) use_peft: false are refused."""
+    if values.get("use_peft", False):
+        return
+    ignored = on_command_line if "use_peft" in on_command_line else in_file | on_command_line
+    lora = [key for key in LORA_KEYS if key in ignored]
+    if lora:
+        state = "use_peft: false" if "use_peft" in values else "use_peft is false (the default)"
+        raise RecipeError(
+            f"{where}: {lora[0]} is set but {state}, so the LoRA settings {lora} would be ignored; set use_peft: true "
+            "to train a LoRA adapter, or remove them for full fine-tuning"
+        )
+
+
+INTERVALS = {"save_steps": "save_strategy", "logging_steps": "logging_strategy", "eval_steps": "eval_strategy"}
+
+
+def _check_intervals(values: dict, where: str) -> None:
+    """A ``*_strategy: steps`` needs a positive interval (``0`` makes transformers divide by zero mid-run)."""
+    index = field_index()
+    for key, strategy_key in INTERVALS.items():
+        strategy = values.get(strategy_key, index[strategy_key][1].default)
+        value = values.get(key, index[key][1].default)
+        if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and value <= 0:
+            raise RecipeError(
+                f"{where}: {key} must be > 0 with {strategy_key}: steps, got {value!r}; set {key} to a number of "
+                f"steps (or a fraction of the run below 1), or set {strategy_key}: 'no'"
+            )
+
+
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "azure_ml": "azureml-core", "flyte": "flytekit"}
+
+
+def _check_report_to(values: dict, where: str) -> None:
+    """Each tracker is one transformers knows, and its package is installed (both fail only once training starts)."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    report_to = values.get("report_to")
+    trackers = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    known = [*INTEGRATION_TO_CALLBACK, "all", "none"]
+    for tracker in trackers:
+        if tracker not in known:
+            close = difflib.get_close_matches(str(tracker), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RecipeError(f"{where}: report_to: unknown tracker {tracker!r}; {hint}known: {sorted(known)}")
+        if tracker not in ("all", "none") and tracker not in get_available_reporting_integrations():
+            package = TRACKER_PACKAGES.get(tracker, tracker.replace("_", "-"))
+            raise RecipeError(
+                f"{where}: report_to: {tracker!r} needs the {package} package, which is not installed; "
+                f"pip install {package}, or remove {tracker} from report_to"
+            )
+
+
+def _is_set(name: str, env: dict[str, str]) -> bool:
+    return env.get(name, os.environ.get(name, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _dataset_cached(name: str) -> bool:
+    from datasets import config as datasets_config
+    from huggingface_hub import constants
+
+    hub = Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}"
+    prepared = Path(datasets_config.HF_DATASETS_CACHE) / name.replace("/", "___")
+    return hub.is_dir() or prepared.is_dir()
+
+
+def _check_offline(data: DataArguments, env: dict[str, str], where: str) -> None:
+    """Offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), a hub dataset other than a preset must be mirrored locally or
+    already cached (a preset's splits are checked when they load: ``--miniature`` mirrors them)."""
+    if not (_is_set("HF_HUB_OFFLINE", env) or _is_set("HF_DATASETS_OFFLINE", env)):
+        return
+    mirror = data.dataset_mirror or {}
+    for spec, split in source_splits(data).values():
+        name = spec["name"]
+        if name in PRESETS or is_local_file(name) or f"{name}:{split}" in mirror or _dataset_cached(name):
+            continue
+        key = "dataset_name" if name == data.resolved()["name"] else "eval_dataset_name"
+        raise RecipeError(
+            f"{where}: {key}: hub dataset {name!r} (split {split!r}) cannot be downloaded offline (HF_HUB_OFFLINE or "
+            f"HF_DATASETS_OFFLINE is set) and is not cached; unset the variable, use a local file, or map "
+            f"'{name}:{split}' to one in dataset_mirror"
+        )
+
+
+def _known_train_rows(data: DataArguments) -> tuple[int, str] | None:
+    """(at most how many training rows there are, which key says so), when the recipe alone tells."""
+    bounds = []
+    if data.resolved()["name"] == "arithmetic":
+        bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
+    if data.max_train_samples is not None:
+        bounds.append((data.max_train_samples, "max_train_samples"))
+    return min(bounds) if bounds else None
+
+
+def _check_steps(values: dict, plan: BatchPlan, data: DataArguments, where: str) -> None:
+    """A run that would make no optimizer step (it would exit 0 having trained nothing) is an error."""
+    index = field_index()
+    max_steps = values.get("max_steps", index["max_steps"][1].default)
+    epochs = values.get("num_train_epochs", index["num_train_epochs"][1].default)
+    if max_steps == 0 or (max_steps < 0 and epochs <= 0):
+        raise RecipeError(
+            f"{where}: max_steps {max_steps} with num_train_epochs {epochs} makes 0 optimizer steps; set max_steps "
+            "to a positive number of steps, or num_train_epochs > 0"
+        )
+    known = _known_train_rows(data)
+    if known is not None and plan.prompts_per_generation > known[0]:
+        rows, key = known
+        raise RecipeError(
+            f"{where}: per_device_train_batch_size {plan.per_device_train_batch_size}: one generation needs "
+            f"{plan.prompts_per_generation} prompts ({plan.completions_per_generation} completions / num_generations "
+            f"{plan.num_generations}) but the training data has at most {rows} rows ({key}), so the run would make 0 "
+            "optimizer steps; lower per_device_train_batch_size (or steps_per_generation), or use more data"
+        )
+
+
+def _module_names(model: ModelArguments, trust_remote_code: bool) -> dict[str, bool] | None:
+    """The module names of the policy (name -> whether it is a leaf), built on the meta device from its config (no weights); None when its config
+    is not on this machine (a hub model not yet downloaded)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    name = model.model_name_or_path
+    if name == "tiny":
+        config = Qwen2Config(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(
+                name, revision=model.model_revision, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError):  # not downloaded (or needs remote code): checked when the model loads
+            return None
+    try:
+        with init_empty_weights():
+            built = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, ImportError, OSError):  # an architecture this transformers cannot build
+        return None
+    return {name: not any(module.children()) for name, module in built.named_modules()}
+
+
+def _check_lora_targets(model: ModelArguments, values: dict, where: str, built_later: set) -> None:
+    """Each ``lora_target_modules`` entry matches a module of the policy (checked on a meta-device copy)."""
+    targets = model.lora_target_modules
+    if not model.use_peft or targets in (None, "all-linear") or model.model_name_or_path in built_later:
+        return
+    names = _module_names(model, bool(values.get("trust_remote_code")))
+    if names is None:
+        return
+    if isinstance(targets, str):
+        try:
+            if any(re.fullmatch(targets, n) for n in names):
+                return
+        except re.error as exc:
+            raise RecipeError(f"{where}: lora_target_modules: {targets!r} is not a valid regex ({exc})") from None
+        targets = [targets]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, leaf in names.items() if leaf})
+        close = difflib.get_close_matches(missing[0], leaves, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise RecipeError(
+            f"{where}: lora_target_modules: {missing} match no module of {model.model_name_or_path}; {hint}its "
+            f"layers are {leaves}, or write lora_target_modules: all-linear"
+        )
 
 
 HALF_DTYPES = ("bfloat16", "float16")
@@ -549,8 +876,8 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     for key, raw in raw_overrides.items():
         section, dot, sub = key.partition(".")
         if dot and section in NESTED:
-            parsed = _parse_override(raw)
             f, hint = nested_index(section).get(sub, (None, None))
+            parsed = _parse_override(key, raw, hint)
             if hint is not None and not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
                 parsed = raw
             nested[section][sub] = check_nested(section, sub, parsed, f"command line --{key}")
@@ -558,10 +885,13 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         if key not in index:
             raise RecipeError(f"command line: unknown option --{key}{did_you_mean(key, index)}")
         _, f, hint = index[key]
-        parsed = _parse_override(raw)
+        parsed = _parse_override(key, raw, hint)
         if not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
             parsed = raw  # a string field given something YAML reads as another type, e.g. `--run_name 2024`
         values[key] = check_value(key, parsed, hint, f, f"command line --{key}")
+    _check_lora_keys(values, set(data), set(raw_overrides), where)
+    _check_intervals(values, where)
+    _check_report_to(values, where)
 
     miniature = None
     if "miniature" in flags:
@@ -583,9 +913,14 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     plan = batch_plan(values, layout.num_processes, where)
     model = _build("model", values, where)
+    if isinstance(values.get("lora_target_modules"), list):  # trl.ModelConfig makes ["q_proj"] the regex "q_proj",
+        model.lora_target_modules = list(values["lora_target_modules"])  # which PEFT matches against full names only
     data_args = _build("data", values, where)
     rewards = _build("rewards", values, where)
     _check_data(data_args, where)
+    _check_offline(data_args, env, where)
+    _check_steps(values, plan, data_args, where)
+    _check_lora_targets(model, values, where, built_later)
     reward_names = [reward_name(n) for n in rewards.reward_funcs]
     metric = values.get("dynamic_sampling_metric", "reward")
     if metric != "reward" and metric not in reward_names:

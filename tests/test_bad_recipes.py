@@ -1,0 +1,253 @@
+"""Bad recipes: each is refused before anything loads, with exit code 2 and one line naming the key and the fix.
+
+Most cases run ``hf_grpo.train.main`` in-process (fast); a few run ``python -m hf_grpo.train`` as a subprocess for
+what only a fresh interpreter shows (undecodable files, a directory, a real run that must not load the model).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hf_grpo.train import main
+
+from .conftest import REPO, run_module
+
+
+TINY = str(REPO / "recipes" / "tiny.yaml")
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+BASE = "model_name_or_path: tiny\ndataset_name: arithmetic\nreport_to: none\n"
+
+# (case id, command-line overrides on recipes/tiny.yaml, text the one error line must contain)
+OVERRIDES = [
+    ("lr-nan", ["--learning_rate", ".nan"], "learning_rate"),
+    ("lr-inf", ["--learning_rate", ".inf"], "learning_rate"),
+    ("lr-neg-inf", ["--learning_rate", "-.inf"], "learning_rate"),
+    ("lr-negative", ["--learning_rate", "-1e-3"], "learning_rate"),
+    ("lr-string", ["--learning_rate", "fast"], "learning_rate"),
+    ("max-completion-0", ["--max_completion_length", "0"], "max_completion_length"),
+    ("max-completion-neg", ["--max_completion_length", "-16"], "max_completion_length"),
+    ("temperature-neg", ["--temperature", "-1"], "temperature"),
+    ("temperature-0", ["--temperature", "0"], "temperature"),
+    ("temperature-nan", ["--temperature", ".nan"], "temperature"),
+    ("top-p-0", ["--top_p", "0"], "top_p"),
+    ("top-p-2", ["--top_p", "2"], "top_p"),
+    ("lora-r-0", ["--lora_r", "0"], "lora_r"),
+    ("lora-r-neg", ["--lora_r", "-8"], "lora_r"),
+    ("lora-alpha-0", ["--lora_alpha", "0"], "lora_alpha"),
+    ("lora-dropout-1", ["--lora_dropout", "1.0"], "lora_dropout"),
+    ("streaming", ["--dataset_streaming", "true"], "dataset_streaming"),
+    ("task-algebra", ["--task", "algebra"], "task"),
+    ("txt-dataset", ["--dataset_name", "{tmp}/data.txt"], "dataset_name"),
+    ("tsv-dataset", ["--dataset_name", "problems.tsv"], "dataset_name"),
+    ("missing-jsonl", ["--dataset_name", "{tmp}/nope.jsonl"], "dataset_name"),
+    ("missing-eval-jsonl", ["--eval_dataset_name", "{tmp}/nope.jsonl"], "eval_dataset_name"),
+    ("report-to-unknown", ["--report_to", "[nosuchtracker]"], "report_to"),
+    ("report-to-typo", ["--report_to", "wandbb"], "report_to"),
+    ("report-to-not-installed", ["--report_to", "[mlflow]"], "report_to"),
+    ("lora-target-unknown", ["--lora_target_modules", "[nosuch_proj]"], "lora_target_modules"),
+    ("lora-target-typo", ["--lora_target_modules", "[q_proj, v_prj]"], "lora_target_modules"),
+    ("lora-target-regex", ["--lora_target_modules", "nosuch.*"], "lora_target_modules"),
+    ("lora-target-malformed", ["--lora_target_modules", "[q_proj,"], "lora_target_modules"),
+    ("lora-target-malformed-map", ["--reward_kwargs", "{a: 1"], "reward_kwargs"),
+    ("arith-train-0", ["--arithmetic_train_size", "0"], "arithmetic_train_size"),
+    ("arith-train-neg", ["--arithmetic_train_size", "-5"], "arithmetic_train_size"),
+    ("arith-eval-0", ["--arithmetic_eval_size", "0"], "arithmetic_eval_size"),
+    ("arith-eval-neg", ["--arithmetic_eval_size", "-3"], "arithmetic_eval_size"),
+    ("output-dir-file", ["--output_dir", "{tmp}/data.txt"], "output_dir"),
+    ("output-dir-under-file", ["--output_dir", "{tmp}/data.txt/run"], "output_dir"),
+    ("batch-8e9", ["--per_device_train_batch_size", "8000000000"], "per_device_train_batch_size"),
+    ("batch-over-max-train-samples", ["--max_train_samples", "10"], "per_device_train_batch_size"),
+    ("batch-0", ["--per_device_train_batch_size", "0"], "per_device_train_batch_size"),
+    ("max-steps-0", ["--max_steps", "0"], "max_steps"),
+    ("epochs-0", ["--max_steps", "-1", "--num_train_epochs", "0"], "num_train_epochs"),
+    ("num-processes-neg", ["--num_processes", "-2"], "num_processes"),
+    ("num-processes-0", ["--num_processes", "0"], "num_processes"),
+    ("save-steps-0", ["--save_strategy", "steps", "--save_steps", "0"], "save_steps"),
+    ("logging-steps-0", ["--logging_steps", "0"], "logging_steps"),
+    ("save-strategy-bad", ["--save_strategy", "sometimes"], "save_strategy"),
+    ("loss-type-bad", ["--loss_type", "ppo"], "loss_type"),
+    ("prompt-style-bad", ["--prompt_style", "html"], "prompt_style"),
+    ("advantage-bad", ["--advantage_estimator", "gae"], "advantage_estimator"),
+    ("unknown-option", ["--learnin_rate", "1e-6"], "learnin_rate"),
+    ("seed-negative", ["--seed", "-1"], "seed"),
+    ("seed-float", ["--seed", "1.5"], "seed"),
+    ("use-peft-int", ["--use_peft", "3"], "use_peft"),
+    ("num-generations-1", ["--num_generations", "1"], "num_generations"),
+    ("max-generation-batches-0", ["--max_generation_batches", "0"], "max_generation_batches"),
+    ("eval-split-1", ["--eval_split_size", "1.5"], "eval_split_size"),
+    ("beta-neg", ["--beta", "-0.1"], "beta"),
+    ("generation-batch-0", ["--generation_batch_size", "0"], "generation_batch_size"),
+    ("reward-timeout-0", ["--reward_timeout", "0"], "reward_timeout"),
+    ("reward-unknown", ["--reward_funcs", "[nosuch_reward]"], "nosuch_reward"),
+    ("tiny-hidden-0", ["--tiny_hidden_size", "0"], "tiny_hidden_size"),
+    ("hub-token", ["--hub_token", "hf_abc"], "hub_token"),
+]
+
+# (case id, recipe file text, text the one error line must contain)
+FILES = [
+    ("duplicate-key", BASE + "learning_rate: 1e-3\nseed: 1\nlearning_rate: 2e-3\n", "learning_rate"),
+    ("duplicate-nested", BASE + "generation:\n  backend: vllm_server\n  backend: vllm_colocate\n", "backend"),
+    ("empty", "", "empty"),
+    ("comment-only", "# nothing here\n# at all\n", "empty"),
+    ("empty-mapping", "{}\n", "empty"),
+    ("int-key", BASE + "1: 2\n", "1"),
+    ("bool-key", BASE + "true: 2\n", "True"),
+    ("nested-int-key", BASE + "generation:\n  1: 2\n", "1"),
+    ("a-list", "- learning_rate: 1e-3\n", "mapping"),
+    ("bad-yaml", BASE + "learning_rate: [1e-3\n", "invalid YAML"),
+    ("lora-without-peft", BASE + "lora_r: 8\nlora_alpha: 16\n", "lora_r"),
+    ("lora-peft-false", BASE + "use_peft: false\nlora_target_modules: [q_proj]\n", "lora_target_modules"),
+    ("dora-peft-false", BASE + "use_peft: false\nuse_dora: true\n", "use_dora"),
+    ("env-token", BASE + "env: {HF_TOKEN: abc}\n", "HF_TOKEN"),
+    ("env-api-key", BASE + "env: {WANDB_API_KEY: abc}\n", "WANDB_API_KEY"),
+    ("env-password", BASE + "env: {DB_PASSWORD: abc}\n", "DB_PASSWORD"),
+    ("env-bad-name", BASE + "env: {'MY VAR': abc}\n", "MY VAR"),
+    ("env-list", BASE + "env: [A, B]\n", "env"),
+    ("env-nested-value", BASE + "env: {A: {b: 1}}\n", "env.A"),
+    ("unknown-key", BASE + "lerning_rate: 1e-3\n", "lerning_rate"),
+    ("wrong-type-list", BASE + "seed: [1, 2]\n", "seed"),
+    ("wrong-type-str", BASE + "per_device_train_batch_size: many\n", "per_device_train_batch_size"),
+    ("yes-as-bool", BASE + "num_generations: yes\n", "num_generations"),
+    ("lr-nan-file", BASE + "learning_rate: .nan\n", "learning_rate"),
+    ("num-processes-file", BASE + "num_processes: -2\n", "num_processes"),
+    ("save-steps-file", BASE + "save_strategy: steps\nsave_steps: 0\n", "save_steps"),
+    ("generation-unknown", BASE + "generation: {backnd: vllm_server}\n", "backnd"),
+    ("generation-not-mapping", BASE + "generation: vllm\n", "generation"),
+]
+
+
+@pytest.fixture
+def data_txt(tmp_path):
+    (tmp_path / "data.txt").write_text("1 + 1 = ?\t2\n")
+    return tmp_path
+
+
+def assert_refused(argv: list[str], capsys, must_mention: str) -> str:
+    start = time.monotonic()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse-style exits count as the exit code
+        code = exc.code
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert must_mention in lines[0], lines[0]
+    assert elapsed < 10
+    return lines[0]
+
+
+@pytest.mark.parametrize(("overrides", "mention"), [c[1:] for c in OVERRIDES], ids=[c[0] for c in OVERRIDES])
+def test_bad_override_is_refused(overrides, mention, data_txt, capsys, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    argv = [TINY, "--dry-run", *(a.replace("{tmp}", str(data_txt)) for a in overrides)]
+    assert_refused(argv, capsys, mention)
+
+
+@pytest.mark.parametrize(("text", "mention"), [c[1:] for c in FILES], ids=[c[0] for c in FILES])
+def test_bad_recipe_file_is_refused(text, mention, tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert_refused([str(path), "--dry-run"], capsys, mention)
+
+
+def test_duplicate_key_names_both_lines(tmp_path, capsys):
+    path = tmp_path / "dup.yaml"
+    path.write_text(BASE + "learning_rate: 1e-3\nseed: 1\nlearning_rate: 2e-3\n")
+    line = assert_refused([str(path), "--dry-run"], capsys, "learning_rate")
+    assert "line 4" in line and "line 6" in line
+
+
+@pytest.mark.parametrize("name", ["foo/bar", "someone/private-math"])
+@pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_unknown_hub_dataset_offline_is_refused(name, variable, capsys, monkeypatch):
+    monkeypatch.setenv(variable, "1")
+    argv = [TINY, "--dry-run", "--dataset_name", name, "--task", "gsm8k", "--prompt_column", "q"]
+    line = assert_refused([*argv, "--solution_column", "a"], capsys, "dataset_name")
+    assert "offline" in line and name in line
+
+
+def test_offline_dataset_in_mirror_is_accepted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    mirror = tmp_path / "split.jsonl"
+    mirror.write_text('{"q": "1 + 1", "a": "#### 2"}\n')
+    splits = f"{{'foo/bar:train': {mirror}, 'foo/bar:test': {mirror}}}"
+    argv = [TINY, "--dry-run", "--dataset_name", "foo/bar", "--task", "gsm8k", "--prompt_column", "q"]
+    argv += ["--solution_column", "a", "--dataset_mirror", splits, "--max_train_samples"]
+    assert main([*argv, "1000", "--per_device_train_batch_size", "8"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "env", ["TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "WANDB_MODE", "KEYBOARD_LAYOUT", "TOKENIZER_NAME"]
+)
+def test_non_secret_env_is_allowed(env, tmp_path, capsys):
+    path = tmp_path / "env.yaml"
+    path.write_text(f"{BASE}env: {{{env}: 'false'}}\n")
+    assert main([str(path), "--dry-run"]) == 0, capsys.readouterr().err
+
+
+def test_use_peft_false_on_the_command_line_turns_lora_off(capsys):
+    assert main([TINY, "--dry-run", "--use_peft", "false", "--dtype", "float32"]) == 0, capsys.readouterr().err
+    assert "full fine-tuning" in capsys.readouterr().out
+
+
+def test_single_lora_target_stays_a_module_name(capsys):
+    # trl.ModelConfig turns ["q_proj"] into the regex "q_proj", which PEFT matches against full names only
+    from hf_grpo.recipe import load_recipe
+
+    recipe, _ = load_recipe([TINY, "--lora_target_modules", "[q_proj]"], for_run=False)
+    assert recipe.model.lora_target_modules == ["q_proj"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_shipped_recipe_still_dry_runs(recipe, capsys):
+    assert main([str(recipe), "--dry-run"]) == 0, capsys.readouterr().err
+
+
+# Subprocesses: what only a fresh interpreter shows.
+
+
+# A fresh interpreter spends most of its time importing torch and transformers (5-10 s on 2 busy cores); what proves
+# that nothing loaded is the bound far below a model load and, for the real run, that output_dir was never created.
+SUBPROCESS_SECONDS = 30
+
+
+def assert_refused_by_module(args: list[str], must_mention: str) -> None:
+    start = time.monotonic()
+    result = run_module("hf_grpo.train", *args, timeout=60)
+    elapsed = time.monotonic() - start
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert must_mention in lines[0], lines[0]
+    assert elapsed < SUBPROCESS_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("content", "mention"),
+    [
+        (b"\xff\xfe\x00\x01\x80\x81binary\x00", "UTF-8"),
+        ("learning_rate: 1e-3\n".encode("utf-16"), "UTF-8"),
+    ],
+    ids=["binary", "utf16"],
+)
+def test_undecodable_recipe_file_subprocess(content, mention, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    assert_refused_by_module([str(path), "--dry-run"], mention)
+
+
+def test_directory_recipe_subprocess(tmp_path):
+    assert_refused_by_module([str(tmp_path), "--dry-run"], "is a directory")
+
+
+def test_real_run_refuses_before_loading_subprocess(tmp_path):
+    # no --dry-run: a real run of a bad recipe exits 2 before any model or dataset loads (< 10 s, no output_dir)
+    out = tmp_path / "run"
+    assert_refused_by_module([TINY, "--output_dir", str(out), "--temperature", "-1"], "temperature")
+    assert not out.exists()
