@@ -627,6 +627,34 @@ def _check_report_to(values: dict, where: str) -> None:
             )
 
 
+def _check_push(values: dict, env: dict[str, str], where: str) -> None:
+    """What the push after training needs, checked before it: a repo id, a token, the Hub reachable, one push."""
+    from .hub import env_token
+
+    if not values.get("hub_model_id"):
+        raise RecipeError(
+            f"{where}: push_to_hub needs hub_model_id (e.g. your-name/qwen7b-grpo); the token comes "
+            "from the HF_TOKEN environment variable"
+        )
+    if env_token() is None:
+        raise RecipeError(
+            f"{where}: push_to_hub: true but there is no Hugging Face token in the environment, so the push after "
+            "training would fail: export HF_TOKEN=hf_... (write access) before the run, or set push_to_hub: false"
+        )
+    offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _is_set(name, env)]
+    if offline:
+        raise RecipeError(
+            f"{where}: push_to_hub: true but {offline[0]} is set, so the push after training would fail: unset it "
+            "(and load the model and data from local paths), or set push_to_hub: false"
+        )
+    strategy = values.get("hub_strategy")
+    if strategy is not None and str(strategy) not in ("end", "HubStrategy.END"):
+        raise RecipeError(
+            f"{where}: hub_strategy: {strategy} is not supported: hf_grpo pushes once, at the end, with the held-out "
+            "results in the model card; remove hub_strategy (or set it to end)"
+        )
+
+
 def _is_set(name: str, env: dict[str, str]) -> bool:
     return env.get(name, os.environ.get(name, "")).strip().lower() in ("1", "true", "yes", "on")
 
@@ -928,11 +956,8 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             f"{where}: dynamic_sampling_metric {metric!r} is neither 'reward' nor one of the "
             f"reward_funcs {reward_names}"
         )
-    if values.get("push_to_hub") and not values.get("hub_model_id"):
-        raise RecipeError(
-            f"{where}: push_to_hub needs hub_model_id (e.g. your-name/qwen7b-grpo); the token comes "
-            "from the HF_TOKEN environment variable"
-        )
+    if values.get("push_to_hub"):
+        _check_push(values, env, where)
     weights = values.get("reward_weights")
     if weights is not None and len(weights) != len(rewards.reward_funcs):
         raise RecipeError(

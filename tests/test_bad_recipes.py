@@ -251,3 +251,28 @@ def test_real_run_refuses_before_loading_subprocess(tmp_path):
     out = tmp_path / "run"
     assert_refused_by_module([TINY, "--output_dir", str(out), "--temperature", "-1"], "temperature")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "environment", "mention"),
+    [
+        (["--push_to_hub", "true"], {"HF_TOKEN": "hf_x"}, "push_to_hub needs hub_model_id"),
+        (["--push_to_hub", "true", "--hub_model_id", "me/run"], {}, "no Hugging Face token in the environment"),
+        (["--push_to_hub", "true", "--hub_model_id", "me/run"], {"HF_TOKEN": "hf_x"}, "HF_HUB_OFFLINE is set"),
+        (
+            ["--push_to_hub", "true", "--hub_model_id", "me/run", "--hub_strategy", "every_save"],
+            {"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "0"},
+            "hub_strategy: every_save is not supported",
+        ),
+    ],
+    ids=["no-repo", "no-token", "offline", "hub-strategy"],
+)
+def test_a_push_that_would_fail_after_training_is_refused_before(overrides, environment, mention, capsys, monkeypatch):
+    """Issue 12 #3: push_to_hub without HF_TOKEN trained to the end and then failed (HubUsageError, exit 1);
+    hub_strategy was silently ignored."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert_refused(["recipes/tiny.yaml", "--dry-run", *overrides], capsys, mention)
