@@ -352,13 +352,41 @@ def check_nested(section: str, key: str, value: Any, where: str) -> Any:
     return check_value(f"{section}.{key}", value, hint, f, where)
 
 
+# Keys of TRL, transformers or open-r1 recipes that were renamed or removed: the exact replacement comes first.
+RENAMED = {
+    "torch_dtype": "renamed dtype (transformers 5, TRL's ModelConfig): use dtype",
+    "warmup_ratio": "removed in transformers 5: use warmup_steps with a float in [0, 1), the fraction of all steps",
+    "overwrite_output_dir": "removed in transformers 5: a run writes into output_dir as it is; to continue a run use "
+    "resume_from_checkpoint: auto, to start over a new output_dir",
+    "max_prompt_length": "removed from TRL's GRPOConfig (1.x): prompts are used whole; drop the key, and bound "
+    "prompt + completion with generation.max_model_len for a vLLM server",
+    "evaluation_strategy": "renamed eval_strategy (transformers)",
+    "per_gpu_train_batch_size": "renamed per_device_train_batch_size (transformers)",
+    "dataset_prompt_column": "open-r1's name: use prompt_column (and solution_column for the gold answer)",
+    "chat_template": "not a recipe key here: the tokenizer's own chat template is used (prompt_style: plain or "
+    "r1_zero for a prompt without one)",
+}
+
+
 def did_you_mean(key: str, known) -> str:
+    if key in RENAMED:
+        return f": {RENAMED[key]}"
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else "; see `python -m hf_grpo.train --help` for every key"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Command line
+
+
+def _takes_list(name: str) -> bool:
+    """Whether the recipe key ``name`` (``section.key`` for a nested one) holds a list."""
+    section, dot, sub = name.partition(".")
+    if dot and section in NESTED:
+        hint = nested_index(section).get(sub, (None, None))[1]
+    else:
+        hint = field_index().get(name, (None, None, None))[2]
+    return any(typing.get_origin(t) is list for t in (hint, *typing.get_args(hint)))
 
 
 def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[str]]:
@@ -390,6 +418,13 @@ def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[
             overrides[name] = value
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             overrides[name], i = argv[i + 1], i + 1
+            items = [overrides[name]]
+            while _takes_list(name) and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                if path is None and argv[i + 1].endswith((".yaml", ".yml")):
+                    break  # the recipe after a list option: `--lora_target_modules q_proj v_proj recipe.yaml`
+                items, i = [*items, argv[i + 1]], i + 1  # `--reward_funcs a b`, as TRL's --help shows lists
+            if len(items) > 1:
+                overrides[name] = "[" + ", ".join(items) + "]"
         else:
             overrides[name] = None  # bare flag
         i += 1

@@ -276,3 +276,38 @@ def test_a_push_that_would_fail_after_training_is_refused_before(overrides, envi
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     assert_refused(["recipes/tiny.yaml", "--dry-run", *overrides], capsys, mention)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "replacement"),
+    [
+        ("torch_dtype", "bfloat16", "use dtype"),
+        ("warmup_ratio", "0.1", "use warmup_steps with a float in [0, 1)"),
+        ("overwrite_output_dir", "true", "resume_from_checkpoint: auto"),
+        ("max_prompt_length", "512", "removed from TRL's GRPOConfig"),
+        ("dataset_prompt_column", "problem", "use prompt_column"),
+        ("evaluation_strategy", "steps", "renamed eval_strategy"),
+    ],
+)
+def test_a_renamed_or_removed_key_names_its_replacement(key, value, replacement, tmp_path, capsys):
+    """Issue 12 #1: open-r1 / older TRL recipes were refused with a wrong hint (torch_dtype -> torch_compile,
+    overwrite_output_dir -> output_dir)."""
+    assert_refused([TINY, "--dry-run", f"--{key}", value], capsys, replacement)
+    recipe = tmp_path / "openr1.yaml"
+    recipe.write_text(f"model_name_or_path: tiny\n{key}: {value}\n")
+    assert_refused([str(recipe), "--dry-run"], capsys, replacement)
+
+
+def test_space_separated_lists_on_the_command_line(capsys):
+    """Issue 12 #1: `--help` (TRL's parser) shows `--reward_funcs REWARD_FUNCS [REWARD_FUNCS ...]`, but a second value
+    was an 'unexpected argument'."""
+    from hf_grpo.recipe import load_recipe
+
+    recipe, _ = load_recipe(
+        ["--lora_target_modules", "q_proj", "v_proj", TINY, "--reward_funcs", "gsm8k_correctness", "length"],
+        for_run=False,
+    )
+    assert recipe.model.lora_target_modules == ["q_proj", "v_proj"]
+    assert recipe.rewards.reward_funcs == ["gsm8k_correctness", "length"]
+    recipe, _ = load_recipe(["--lora_r", "8", TINY], for_run=False)  # a scalar option does not take the recipe
+    assert recipe.model.lora_r == 8
