@@ -918,6 +918,13 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     recipe can be checked on a laptop; the batch arithmetic always uses the recipe's own process layout.
     """
     path_arg, raw_overrides, flags = split_argv(argv)
+    model_override = raw_overrides.get("model_name_or_path")
+    if not path_arg and model_override not in (None, "tiny"):
+        raise RecipeError(
+            f"--model_name_or_path {model_override} without a recipe would take the embedded tiny recipe's learning "
+            "rate, lengths, batch and LoRA: start from a recipe in recipes/ (e.g. `python -m hf_grpo.train "
+            f"recipes/qwen7b.yaml --model_name_or_path {model_override}`) or write your own"
+        )
     path = Path(path_arg) if path_arg else default_recipe_path()
     where = str(path)
     data = read_yaml(path)

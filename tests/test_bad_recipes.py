@@ -311,3 +311,13 @@ def test_space_separated_lists_on_the_command_line(capsys):
     assert recipe.rewards.reward_funcs == ["gsm8k_correctness", "length"]
     recipe, _ = load_recipe(["--lora_r", "8", TINY], for_run=False)  # a scalar option does not take the recipe
     assert recipe.model.lora_r == 8
+
+
+def test_a_real_model_without_a_recipe_asks_for_one(capsys):
+    """Issue 12 #2: `--model_name_or_path Qwen/... --dataset_name ...` with no recipe silently took the tiny recipe's
+    learning rate 2e-3, max_completion_length 16, batch 128 and LoRA r16."""
+    assert_refused(["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--dry-run"], capsys, "without a recipe")
+    from hf_grpo.recipe import load_recipe
+
+    recipe, _ = load_recipe(["--model_name_or_path", "tiny"], for_run=False)  # the embedded default still runs
+    assert recipe.model.model_name_or_path == "tiny"
