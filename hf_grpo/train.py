@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import types
 from pathlib import Path
 
 from .launch import ProgramNotFound, apply_thread_policy, inside_launch, needs_launcher, plan_commands, run_launcher
@@ -295,6 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
+
+class _CallableModule(types.ModuleType):
+    """``hf_grpo.train`` is both this module and the ``train`` function: importing the module makes the package
+    attribute the module, so ``from hf_grpo import train`` then gets it; calling it calls ``train``."""
+
+    def __call__(self, recipe: str | None = None, **overrides) -> dict:
+        return train(recipe, **overrides)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())

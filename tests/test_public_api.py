@@ -33,3 +33,12 @@ def test_importing_the_package_loads_no_training_stack():
     code = "import sys, hf_grpo; print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_train_is_callable_after_the_train_module_is_imported():
+    """`import hf_grpo.train` (the CLI, any test) makes the package attribute `train` the module, not the function."""
+    import hf_grpo.train as module
+    from hf_grpo import train
+
+    assert callable(train) and callable(hf_grpo.train) and callable(module)
+    assert module.train.__doc__.startswith("Run a recipe from Python")
