@@ -1,7 +1,8 @@
 """Fault-isolated rewards: a pool of warm worker processes with a hard per-completion timeout.
 
-A reward can hang (math-verify on ``5^{5^{5^{5^5}}}`` spends forever in one C-level SymPy / big-integer call that no
-signal can interrupt, huggingface/Math-Verify#65) or raise. Run in-process, the first stalls training and the second
+A reward can hang (math-verify on ``5^{5^{5^{5^5}}}`` computes for ever, huggingface/Math-Verify#65, holding the GIL
+so that no thread of the training process can stop it; other inputs can sit in one C call that not even a signal
+handler interrupts) or raise. Run in-process, the first stalls training and the second
 crashes it. Here each completion is scored in a long-lived worker process; a completion that takes longer than the
 timeout gets no reward (``None``, which TRL skips) and its worker is killed and replaced; an exception becomes
 ``None`` plus a warning naming the reward. Both are counted per reward.
