@@ -105,7 +105,7 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
         for folder, why in skipped.items():
             logger.warning("resume: skipping %s: %s", folder, why)
         if found is not None:
-            logger.info("resume: from %s", found)
+            logger.info("resuming from %s", found)
         elif skipped:
             logger.warning("resume: no complete checkpoint in %s: starting from step 0", output_dir)
         return str(found) if found is not None else None

@@ -779,7 +779,11 @@ def _module_names(model: ModelArguments, trust_remote_code: bool) -> dict[str, b
 def _check_lora_targets(model: ModelArguments, values: dict, where: str, built_later: set) -> None:
     """Each ``lora_target_modules`` entry matches a module of the policy (checked on a meta-device copy)."""
     targets = model.lora_target_modules
-    if not model.use_peft or targets in (None, "all-linear") or model.model_name_or_path in built_later:
+    if (
+        not model.use_peft
+        or targets in (None, "all-linear", ["all-linear"])
+        or model.model_name_or_path in built_later
+    ):
         return
     names = _module_names(model, bool(values.get("trust_remote_code")))
     if names is None:
@@ -983,8 +987,10 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     plan = batch_plan(values, layout.num_processes, where)
     model = _build("model", values, where)
-    if isinstance(values.get("lora_target_modules"), list):  # trl.ModelConfig makes ["q_proj"] the regex "q_proj",
-        model.lora_target_modules = list(values["lora_target_modules"])  # which PEFT matches against full names only
+    targets = values.get("lora_target_modules")
+    if isinstance(targets, list):  # trl.ModelConfig makes ["q_proj"] the regex "q_proj", which PEFT matches against
+        # full names only; PEFT's "all-linear" works only as a string
+        model.lora_target_modules = "all-linear" if targets == ["all-linear"] else list(targets)
     data_args = _build("data", values, where)
     rewards = _build("rewards", values, where)
     _check_data(data_args, where)

@@ -321,3 +321,26 @@ def test_a_real_model_without_a_recipe_asks_for_one(capsys):
 
     recipe, _ = load_recipe(["--model_name_or_path", "tiny"], for_run=False)  # the embedded default still runs
     assert recipe.model.model_name_or_path == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("argv", "adapted"),
+    [
+        (["recipes/qwen7b-lora-dedicated.yaml", "--model_name_or_path", "tiny"], 14),  # `all-linear` in the file
+        ([TINY, "--lora_target_modules", "q_proj"], 2),
+        ([TINY, "--lora_target_modules", "q_proj", "v_proj"], 4),
+    ],
+    ids=["all-linear", "one-module", "two-modules"],
+)
+def test_lora_targets_reach_peft_in_a_form_it_applies(argv, adapted):
+    """CI3: keeping a one-item list a list made `all-linear` (a string only PEFT understands) ['all-linear'], and
+    every 7B recipe failed in miniature with NoMatchingPeftModuleError."""
+    from peft import get_peft_model
+    from trl import get_peft_config
+
+    from hf_grpo.recipe import load_recipe
+    from hf_grpo.tiny import build_model, build_tokenizer
+
+    recipe, _ = load_recipe(argv, for_run=False)
+    model = get_peft_model(build_model(build_tokenizer(), hidden_size=32), get_peft_config(recipe.model))
+    assert sum(name.endswith("lora_A.default") for name, _ in model.named_modules()) == adapted

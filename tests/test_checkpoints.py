@@ -192,7 +192,7 @@ def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and
     kill_marked(mark)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"skipping {out / 'checkpoint-4'}" in resumed.stderr
-    assert f"resume: from {out / 'checkpoint-2'}" in resumed.stderr
+    assert f"resuming from {out / 'checkpoint-2'}" in resumed.stderr
     history = json.loads((out / "training_history.json").read_text())
     assert [r["step"] for r in history if "reward" in r][-4:] == [3, 4, 5, 6]
     assert problem(out / "checkpoint-4", 2) is None and problem(out / "checkpoint-6", 2) is None
