@@ -75,7 +75,7 @@ third, and the wrapper, initializer and recovery would bring back much of the co
 
 Each worker leads a process group of its own, and a killed worker's group is killed with it, so a subprocess a hung
 reward started does not outlive it. A fork server that died (a reward killed its own parent) is started again at the
-next worker start.
+next worker start; the workers it had started die with it, and the items they were running count as errors.
 
 Pools close at interpreter exit and when garbage-collected; ``close()`` is idempotent. On Linux a worker also dies
 with the training process, even when that is SIGKILLed while the worker is stuck (``_die_with_parent``).
