@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from .watchdog import signal_group  # each launch leads its own group (start_new_session)
+
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -319,19 +321,11 @@ def run_launcher(recipe, argv: list[str]) -> int:
         return 130
     finally:
         for child in children:  # a launch that exited may leave workers behind in its group
-            _signal_group(child, signal.SIGKILL)
+            signal_group(child.pid, signal.SIGKILL)
         if server is not None:
             server.stop()
         watchdog.dismiss()  # only now: should stopping be cut short, the watchdog finishes it
         signal.signal(signal.SIGTERM, previous)
-
-
-def _signal_group(child, signum) -> None:
-    """Send ``signum`` to the process group of ``child`` (its own: started with ``start_new_session``)."""
-    try:
-        os.killpg(child.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop_all(children, signum) -> None:
@@ -341,13 +335,13 @@ def _stop_all(children, signum) -> None:
 
     for child in children:
         if child.poll() is None:
-            _signal_group(child, signum)
+            signal_group(child.pid, signum)
     deadline = time.monotonic() + STOP_GRACE_S
     for child in children:
         try:
             child.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            _signal_group(child, signal.SIGKILL)
+            signal_group(child.pid, signal.SIGKILL)
             child.wait()
 
 

@@ -61,7 +61,7 @@ class Watchdog:
         self.process.wait()
 
 
-def _signal_group(pgid: int, signum: int) -> bool:
+def signal_group(pgid: int, signum: int) -> bool:
     """Send ``signum`` to group ``pgid``; False when the group has no process left."""
     try:
         os.killpg(pgid, signum)
@@ -72,13 +72,13 @@ def _signal_group(pgid: int, signum: int) -> bool:
 
 def stop_groups(groups: list[int], grace_s: float) -> None:
     """SIGTERM to each group; SIGKILL to those that still have a process after ``grace_s`` seconds."""
-    alive = [pgid for pgid in groups if _signal_group(pgid, signal.SIGTERM)]
+    alive = [pgid for pgid in groups if signal_group(pgid, signal.SIGTERM)]
     deadline = time.monotonic() + grace_s
     while alive and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        alive = [pgid for pgid in alive if _signal_group(pgid, 0)]
+        alive = [pgid for pgid in alive if signal_group(pgid, 0)]
     for pgid in alive:
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:

@@ -42,6 +42,8 @@ PROBLEMS = [
 ]
 BEFORE = ["correct", "timeout", "wrong", "unparseable", "correct"]
 AFTER = ["correct", "timeout", "correct", "unparseable", "correct"]
+# the summary of an evaluation graded as BEFORE, in eval_results.json and in the evaluate CLI's output
+EXPECTED = {"accuracy": 0.4, "correct": 2, "wrong": 1, "unparseable": 1, "timeout": 1, "error": 0, "total": 5}
 
 
 def run_python(args: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
@@ -131,15 +133,7 @@ def test_task_evaluator_counts_a_hanging_grade_as_timeout(tmp_path):
     assert report["started_workers"] == report["workers"] + 2
 
     results = json.loads((out / "eval_results.json").read_text())
-    assert results["before"] == {
-        "accuracy": 0.4,
-        "correct": 2,
-        "wrong": 1,
-        "unparseable": 1,
-        "timeout": 1,
-        "error": 0,
-        "total": 5,
-    }
+    assert results["before"] == EXPECTED
     assert results["after"]["accuracy"] == 0.6 and results["after"]["timeout"] == 1
     for label, grades in (("before", BEFORE), ("after", AFTER)):
         records = [json.loads(line) for line in (out / f"eval_{label}.jsonl").read_text().splitlines()]
@@ -235,15 +229,7 @@ def test_evaluate_cli_counts_a_hanging_grade_as_timeout(tmp_path, tiny_model_dir
     assert wall < TIMEOUT + SLACK + 30  # interpreter start, imports and model loading included
     assert "grading timed out after 3 s on 1 of 5 completions" in proc.stderr
     summary = json.loads(proc.stdout[proc.stdout.index("{") :])
-    assert {k: summary[k] for k in ("accuracy", "correct", "wrong", "unparseable", "timeout", "error", "total")} == {
-        "accuracy": 0.4,
-        "correct": 2,
-        "wrong": 1,
-        "unparseable": 1,
-        "timeout": 1,
-        "error": 0,
-        "total": 5,
-    }
+    assert {k: summary[k] for k in EXPECTED} == EXPECTED
     records = [json.loads(line) for line in records_path.read_text().splitlines()]
     assert [r["grade"] for r in records] == BEFORE
     assert [r["completion"] for r in records] == [p[2] for p in PROBLEMS]

@@ -698,6 +698,25 @@ def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
         kill_marked(mark)
 
 
+def save_adapter(policy_dir, path, **lora) -> None:
+    """A rank-8 q_proj/v_proj PEFT adapter of the policy (with ``lora``'s LoraConfig settings) saved at ``path``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], **lora)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(policy_dir), config).save_pretrained(path)
+
+
+def load_into_standin(policy_dir, path):
+    """(answer to /v1/load_lora_adapter for ``path``, the adapters the stand-in then serves)."""
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        answer = requests.post(
+            f"{server.url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": str(path)}, timeout=60
+        )
+        served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    return answer, served
+
+
 @pytest.mark.parametrize(
     "lora, refusal",
     [
@@ -709,20 +728,8 @@ def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
 )
 def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, lora, refusal):
     """Issue 14 #10: the stand-in loaded adapters that vLLM 0.22-0.31's PEFTHelper refuses."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(policy_dir), LoraConfig(r=8, target_modules=["q_proj", "v_proj"], **lora)
-    )
-    model.save_pretrained(tmp_path / "adapter")
-    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
-        answer = requests.post(
-            f"{server.url}/v1/load_lora_adapter",
-            json={"lora_name": "a", "lora_path": str(tmp_path / "adapter")},
-            timeout=60,
-        )
-        served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    save_adapter(policy_dir, tmp_path / "adapter", **lora)
+    answer, served = load_into_standin(policy_dir, tmp_path / "adapter")
     assert answer.status_code == 500 and refusal in answer.text, answer.text
     assert served == {}
 
@@ -730,26 +737,15 @@ def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, 
 def test_the_standin_server_refuses_adapter_modules_vllm_does_not_apply_lora_to(policy_dir, tmp_path):
     """Issue 14 #10: vLLM matches each adapter module's last name against the model's LoRA-able layers (linear
     layers and embeddings) and refuses the adapter otherwise (a vision tower's LoRA, say); the stand-in merged it."""
-    from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(policy_dir), LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
-    )
-    model.save_pretrained(tmp_path / "adapter")
+    save_adapter(policy_dir, tmp_path / "adapter")
     weights = tmp_path / "adapter" / "adapter_model.safetensors"
     state = load_file(weights)
     a = next(k for k in state if k.endswith("q_proj.lora_A.weight"))
     state["base_model.model.visual.blocks.0.attn.proj.lora_A.weight"] = state[a].clone()
     save_file(state, weights)
-    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
-        answer = requests.post(
-            f"{server.url}/v1/load_lora_adapter",
-            json={"lora_name": "a", "lora_path": str(tmp_path / "adapter")},
-            timeout=60,
-        )
-        served = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    answer, served = load_into_standin(policy_dir, tmp_path / "adapter")
     assert answer.status_code == 500, answer.text
     assert "expected target modules in" in answer.text and "but received ['visual.blocks.0.attn.proj']" in answer.text
     assert "q_proj" in answer.text and served == {}
