@@ -16,6 +16,9 @@ one whose grading fails is counted as ``error`` (``hf_grpo.evaluation.core``).
 ``--backend vllm`` generates with vLLM's offline engine (GPU machines with ``hf_grpo[vllm]``); the default
 ``transformers`` backend runs anywhere.
 
+Progress bars on stderr count the problems generated and the completions graded when stderr is a terminal;
+``--progress`` shows them when it is not (a log file), ``--no-progress`` never. The summary on stdout is unchanged.
+
 Bad input (a model path that does not exist, a truncated adapter, a broken recipe or dataset file, an ``--output``
 that cannot be written, an unknown split) ends the command with exit status 2 and one line on stderr,
 ``hf_grpo.evaluate: error: ...``, before any model is loaded. ``--output`` is written to a temporary file next to it
@@ -393,6 +396,11 @@ def parse_args(argv: list[str] | None):
         f"reward_timeout, else {DEFAULT_GRADE_TIMEOUT:g})",
     )
     p.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model (off by default)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bars on stderr for generation and grading (default: only when stderr is a terminal)",
+    )
     return p.parse_args(argv)
 
 
@@ -470,7 +478,9 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
             sampled = vllm_generate(
                 args.model, list(dataset["prompt"]), max_new_tokens, args.num_samples, args.temperature, seed
             )
-        return grade_generations(dataset, task, texts, sampled, timeout=timeout)
+        return grade_generations(
+            dataset, task, texts, sampled, timeout=timeout, progress=args.progress, desc="evaluate: grade"
+        )
     import torch
 
     from .evaluation.core import evaluate
@@ -491,6 +501,8 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
         temperature=args.temperature,
         batch_size=batch_size,
         grade_timeout=timeout,
+        progress=args.progress,
+        label="evaluate",
     )
 
 

@@ -171,6 +171,7 @@ class Recipe:
     env: dict[str, str] = field(default_factory=dict)
     miniature: Miniature | None = None  # set by --miniature: what was swapped (hf_grpo.miniature)
     hardware: list[str] = field(default_factory=list)  # what this machine cannot run (reported by --dry-run)
+    sources: dict[str, str] = field(default_factory=dict)  # where each value in ``values`` came from (--dry-run)
 
 
 # Numeric domains: key -> (low, low included, high, high included); None is unbounded. A key set to None is unset.
@@ -312,11 +313,21 @@ def _type_name(hint: Any) -> str:
     return re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
 
 
+def _non_finite_text(text: str) -> bool:
+    """``nan``, ``inf``, ``-Infinity``...: what Python reads as a non-finite float (YAML 1.2 only as ``.nan``)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: str) -> Any:
     """Type-check and coerce one value; RecipeError names the key, the value and the expected type."""
     if key in SECRET_KEYS and value is not None:
         raise RecipeError(f"{where}: {key} must not be set in a recipe; export HF_TOKEN in the environment instead")
     ok, coerced = _coerce(value, hint)
+    if not ok and isinstance(value, str) and _coerce(1.0, hint)[0] and _non_finite_text(value):
+        raise RecipeError(f"{where}: {key} must be a finite number, got {value!r}; set a finite {key}")
     if not ok:
         hint_text = ""
         if isinstance(value, bool) and _coerce("x", hint)[0]:
@@ -363,9 +374,34 @@ RENAMED = {
     "evaluation_strategy": "renamed eval_strategy (transformers)",
     "per_gpu_train_batch_size": "renamed per_device_train_batch_size (transformers)",
     "dataset_prompt_column": "open-r1's name: use prompt_column (and solution_column for the gold answer)",
+    "dataset_configs": "open-r1's list of dataset configs: use dataset_config with one config name",
+    "vllm_device": "removed from TRL (GRPOConfig 0.16): vllm_mode: colocate puts vLLM on every training GPU; for "
+    "vLLM on GPUs of its own use generation: {backend: vllm_server, gpus: [N]}",
+    "wandb_project": "open-r1's key: use project (transformers 5), or WANDB_PROJECT in the environment",
+    "wandb_entity": "open-r1's key: set WANDB_ENTITY in the environment",
+    "wandb_run_group": "open-r1's key: set WANDB_RUN_GROUP in the environment",
+    "callbacks": "open-r1's push_to_hub_revision callback: with push_to_hub: true hf_grpo pushes the adapter and its "
+    "model card once training ends (python -m hf_grpo.hub pushes a run later)",
+    "benchmarks": "open-r1's lighteval benchmarks: held-out accuracy is measured in the run (eval_dataset_name, "
+    "task_eval_steps); python -m hf_grpo.evaluate scores a saved run",
+    "use_liger_loss": "renamed use_liger_kernel (TRL)",
     "chat_template": "not a recipe key here: the tokenizer's own chat template is used (prompt_style: plain or "
     "r1_zero for a prompt without one)",
 }
+
+
+def _check_known_keys(keys: list, index: dict, where: str) -> None:
+    """Every unknown key at once, each with its replacement: a TRL or open-r1 recipe is fixed in one pass, not one
+    refusal per key."""
+    unknown = [k for k in keys if k not in index]
+    if not unknown:
+        return
+    named = [f"--{k}" if where == "command line" else repr(k) for k in unknown]
+    if len(unknown) == 1:
+        what = "option" if where == "command line" else "key"
+        raise RecipeError(f"{where}: unknown {what} {named[0]}{did_you_mean(unknown[0], index)}")
+    items = " | ".join(f"{n}{did_you_mean(k, index)}" for n, k in zip(named, unknown, strict=True))
+    raise RecipeError(f"{where}: {len(unknown)} unknown keys, each with its fix: {items}")
 
 
 def did_you_mean(key: str, known) -> str:
@@ -560,6 +596,25 @@ def _check_files(values: dict, base_dir: Path, where: str, built_later: set[str]
         raise RecipeError(f"{where}: reward_kwargs names {sorted(unknown)}, which are not in reward_funcs")
 
 
+# Correctness rewards that fix how gold answers are graded, for a dataset with no preset and no ``task``: TRL's
+# accuracy rewards parse the gold with math-verify as MATH does.
+TASK_OF_REWARD = {
+    "math_correctness": "math",
+    "r1_zero_correctness": "math",
+    "accuracy_reward": "math",
+    "reasoning_accuracy_reward": "math",
+    "gsm8k_correctness": "gsm8k",
+}
+
+
+def infer_task(data: DataArguments, reward_funcs: list[str]) -> str | None:
+    """The task a recipe without one implies: the one its correctness rewards agree on (None when unset or unclear)."""
+    if data.resolved()["task"] is not None:
+        return None
+    tasks = {TASK_OF_REWARD.get(reward_name(n)) for n in reward_funcs} - {None}
+    return tasks.pop() if len(tasks) == 1 else None
+
+
 def _check_data(data: DataArguments, where: str) -> None:
     """The grader and the columns of the dataset are known before anything loads."""
     from .rewards.grading import TASKS
@@ -575,11 +630,15 @@ def _check_data(data: DataArguments, where: str) -> None:
                 f"{where}: dataset {name!r} needs task: one of {list(TASKS)} (how gold answers are graded); "
                 f"got {spec['task']!r}"
             )
+        if not is_local_file(name):
+            continue  # a hub dataset's columns are checked when it loads, before the model (hf_grpo.train.run)
+        columns = _local_columns(name)
         for key in ("prompt_column", "solution_column"):
             default = TRL_COLUMNS[key]  # a dataset in TRL's format: used when the data has the column
-            if spec[key] is None and not (is_local_file(name) and default in _local_columns(name)):
+            if spec[key] is None and default not in columns:
                 raise RecipeError(
-                    f"{where}: dataset {name!r} has no preset and no {default!r} column, so set {key} (the column name)"
+                    f"{where}: dataset {name!r} has no {default!r} column (TRL's name), so set {key} to the column "
+                    f"that holds it{f'; columns: {sorted(columns)}' if columns else ''}"
                 )
 
 
@@ -931,20 +990,21 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         )
     path = Path(path_arg) if path_arg else default_recipe_path()
     where = str(path)
+    from_file = str(path) if path_arg else f"tiny default ({DEFAULT_RECIPE}, no recipe given)"
     data = read_yaml(path)
     env = _check_env(data.pop("env", {}) or {}, where)
     index = field_index()
 
     values: dict[str, Any] = {}
     nested: dict[str, dict] = {section: {} for section in NESTED}
+    _check_known_keys([k for k in data if k not in NESTED], index, where)
+    _check_known_keys([k for k in raw_overrides if k.partition(".")[0] not in NESTED], index, "command line")
     for key, value in data.items():
         if key in NESTED:
             if not isinstance(value, dict):
                 raise RecipeError(f"{where}: {key} must be a mapping of key: value")
             nested[key] = {k: check_nested(key, k, v, where) for k, v in value.items()}
             continue
-        if key not in index:
-            raise RecipeError(f"{where}: unknown key {key!r}{did_you_mean(key, index)}")
         _, f, hint = index[key]
         values[key] = check_value(key, value, hint, f, where)
     for key, raw in raw_overrides.items():
@@ -956,16 +1016,22 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
                 parsed = raw
             nested[section][sub] = check_nested(section, sub, parsed, f"command line --{key}")
             continue
-        if key not in index:
-            raise RecipeError(f"command line: unknown option --{key}{did_you_mean(key, index)}")
         _, f, hint = index[key]
         parsed = _parse_override(key, raw, hint)
         if not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
             parsed = raw  # a string field given something YAML reads as another type, e.g. `--run_name 2024`
         values[key] = check_value(key, parsed, hint, f, f"command line --{key}")
+    sources = {key: "command line" if key in raw_overrides else from_file for key in values}
+    sources.update({key: from_file for key in NESTED if nested[key]})
+    sources.update({key: "command line" for key in raw_overrides if key.partition(".")[0] in NESTED})
     _check_lora_keys(values, set(data), set(raw_overrides), where)
     _check_intervals(values, where)
     _check_report_to(values, where)
+    reward_funcs = _build("rewards", values, where).reward_funcs
+    inferred = infer_task(_build("data", values, where), reward_funcs)
+    if inferred is not None:  # before --miniature, which mirrors the dataset in the task's answer format
+        values["task"] = inferred
+        sources["task"] = f"inferred from reward_funcs ({', '.join(reward_funcs)})"
 
     miniature = None
     if "miniature" in flags:
@@ -976,6 +1042,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         except ValueError as exc:
             raise RecipeError(f"{where}: --miniature: {exc}") from None
         where = f"{where} (miniature)"
+        sources.update({swap.key: "--miniature" for swap in miniature.swaps})
     built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
     _check_files(values, path.parent, where, built_later)
     launch = _build("launch", values, where)
@@ -994,7 +1061,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     data_args = _build("data", values, where)
     rewards = _build("rewards", values, where)
     _check_data(data_args, where)
-    _check_offline(data_args, env, where)
+    _check_offline(data_args, {**(miniature.env if miniature is not None else {}), **env}, where)
     _check_steps(values, plan, data_args, where)
     _check_lora_targets(model, values, where, built_later)
     reward_names = [reward_name(n) for n in rewards.reward_funcs]
@@ -1047,7 +1114,20 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     if nested["generation"]:
         values["generation"] = nested["generation"]
     recipe = Recipe(
-        path, values, model, data_args, rewards, launch, training, layout, plan, generation, env, miniature, hardware
+        path,
+        values,
+        model,
+        data_args,
+        rewards,
+        launch,
+        training,
+        layout,
+        plan,
+        generation,
+        env,
+        miniature,
+        hardware,
+        sources,
     )
     if miniature is not None:
         recipe.env = {**miniature.env, **env}
@@ -1071,6 +1151,8 @@ def _generation_lines(recipe: Recipe) -> list[str]:
         use_vllm = recipe.values.get("use_vllm", defaults["use_vllm"][1].default)
         mode = recipe.values.get("vllm_mode", defaults["vllm_mode"][1].default)
         engine = f"TRL vLLM ({mode})" if use_vllm else "transformers, in the training processes"
+        if use_vllm and "vllm_mode" not in recipe.values:  # TRL 0.x recipes (open-r1's) meant a server
+            engine += "; TRL 1.x's default mode (TRL 0.18 defaulted to server): set vllm_mode, or generation.backend"
         return [f"generation: {engine}"]
     if gen.backend != "vllm_server":
         return [f"generation: {gen.backend}"]
@@ -1085,7 +1167,11 @@ def _generation_lines(recipe: Recipe) -> list[str]:
 
 def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
     """What ``--dry-run`` prints: resolved recipe, layout, batch arithmetic and the commands a run would start."""
-    out = [f"recipe: {recipe.path}", "", "resolved values (recipe and overrides; everything else is the default):"]
+    out = [
+        f"recipe: {recipe.path}",
+        "",
+        "resolved values, each with where it came from (every key not listed has its TRL / hf_grpo default):",
+    ]
     by_section: dict[str, dict] = {}
     index = field_index()
     for key, value in recipe.values.items():
@@ -1094,7 +1180,8 @@ def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
         if section in by_section:
             out.append(f"  {section}:")
             for key, value in sorted(by_section[section].items()):
-                out.append(f"    {key}: {value!r}")
+                source = recipe.sources.get(key)
+                out.append(f"    {key}: {value!r}" + (f"  # {source}" if source else ""))
     spec = recipe.data.resolved()
     out += [
         "",
@@ -1105,8 +1192,9 @@ def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
             else " (full fine-tuning)"
         ),
         (
-            f"data: {spec['name']} (task {spec['task']}, problem column {spec['prompt_column']!r}, "
-            f"gold column {spec['solution_column']!r})"
+            f"data: {spec['name']} (task {spec['task']}, "
+            f"problem column {spec['prompt_column'] or TRL_COLUMNS['prompt_column'] + ' (TRL default)'!r}, "
+            f"gold column {spec['solution_column'] or TRL_COLUMNS['solution_column'] + ' (TRL default)'!r})"
         ),
         f"rewards: {recipe.rewards.reward_funcs} weights {recipe.training.reward_weights or 'all 1.0'}",
         "",

@@ -40,7 +40,10 @@ def load_policy(recipe: Recipe):
 
         tokenizer = build_tokenizer(seed=args.seed)
         model = build_model(tokenizer, seed=args.seed, hidden_size=model_args.tiny_hidden_size)
-        warm_start(model, tokenizer, model_args.warm_start_steps, lr=model_args.warm_start_lr, seed=args.seed)
+        from .progress import enabled_for
+
+        steps, lr = model_args.warm_start_steps, model_args.warm_start_lr
+        warm_start(model, tokenizer, steps, lr=lr, seed=args.seed, progress=enabled_for(args))
         base_dir = Path(args.output_dir) / "base_model"
         if args.process_index == 0:
             model.save_pretrained(base_dir)  # safetensors; the adapter is saved relative to these weights
@@ -114,6 +117,7 @@ def run(recipe: Recipe) -> dict:
     from .evaluation.tasks import TaskEvaluator
     from .rewards import load_reward_funcs
     from .rewards.isolation import RewardFailedError
+    from .trackers import setup_trackers
     from .trainer import GRPOTrainer
 
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
@@ -122,8 +126,12 @@ def run(recipe: Recipe) -> dict:
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
     save_recipe(recipe)
+    trackers = setup_trackers(recipe)  # the project (recipe > environment > default), before the trainer is built
+    try:  # before the model: a missing column or split is a recipe error, found in seconds rather than after loading
+        train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise RecipeError(f"{recipe.path}: data: {exc}") from None
     model, tokenizer = load_policy(recipe)
-    train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
     evaluator = None
     if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout
         evaluator = TaskEvaluator(
@@ -181,6 +189,7 @@ def run(recipe: Recipe) -> dict:
     if trainer.accelerator.is_main_process:
         if results:
             results["gain"] = paired_gain_of_run(args.output_dir)
+            results["settings"] = eval_settings(recipe, evaluator)
             write_json(Path(args.output_dir) / EVAL_FILE, results)
             logger.info(
                 "held-out accuracy: before %.3f, after %.3f",
@@ -188,6 +197,10 @@ def run(recipe: Recipe) -> dict:
                 results["after"]["accuracy"],
             )
         write_report(args.output_dir)
+        trackers.log_story(trainer)  # before/after, gain, plot and recipe to wandb / trackio / tensorboard
+        from .hub import write_local_card
+
+        write_local_card(args.output_dir)  # our model card replaces the blank README.md PEFT's save_pretrained leaves
         logger.info("outputs in %s", args.output_dir)
         if push:
             from .hub import push as push_to_hub
@@ -201,6 +214,28 @@ def run(recipe: Recipe) -> dict:
             logger.info("pushed to %s", result.repo_url)
     trainer.accelerator.wait_for_everyone()
     return results
+
+
+def eval_settings(recipe: Recipe, evaluator) -> dict:
+    """How the held-out numbers were measured, recorded beside them in ``eval_results.json``.
+
+    ``dataset`` is a hub id or preset name as the recipe gives it; a local file is recorded by its file name only, so
+    nothing machine-specific reaches the Hub card.
+    """
+    from .data.loaders import is_local_file, source_splits
+
+    spec, split = source_splits(recipe.data).get("eval", (recipe.data.resolved(), "train (eval_split_size)"))
+    name = spec["name"]
+    return {
+        "task": evaluator.task,
+        "dataset": Path(name).name if is_local_file(name) else name,
+        "dataset_config": spec["config"],
+        "split": split,
+        "num_problems": len(evaluator.dataset),
+        "decoding": "greedy",
+        "max_new_tokens": evaluator.max_new_tokens,
+        "prompt_style": recipe.data.prompt_style,
+    }
 
 
 def paired_gain_of_run(output_dir: str) -> dict | None:

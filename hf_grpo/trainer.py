@@ -57,6 +57,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .checkpoints import write_manifest
 from .config import HfGRPOConfig
+from .progress import DeferredBar, enabled_for
 from .rewards.isolation import DEFAULT_MAX_FAILED_CALLS, RewardFailedError
 from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
 
@@ -221,17 +222,26 @@ class GRPOTrainer(trl.GRPOTrainer):
         """±inf rewards become NaN (no reward, as None): one would make every advantage of its group NaN or zero.
         Counted per function in ``rewards/<name>/nonfinite`` and named in a warning the first time.
 
-        NaN itself is TRL's encoding of None, so a reward that returns NaN is taken as declining to score."""
+        NaN is TRL's encoding of None, so a NaN reward is no reward too. An isolated reward (the default) tells a NaN
+        it returned from a None (``IsolatedReward.last_nan``), and those are counted in ``nonfinite`` as well; a
+        reward run in the training process (``reward_isolation: false``, async rewards) cannot be told apart."""
         infinite = torch.isinf(rewards_per_func)  # [B*G global, F]
+        nan = torch.tensor(
+            [float(getattr(f, "last_nan", 0)) for f in self.reward_funcs], device=rewards_per_func.device
+        )  # [F], this process's completions
+        nan = self.accelerator.gather(nan).view(-1, len(self.reward_funcs)).sum(0)  # [F], all processes
+        for f in self.reward_funcs:
+            if hasattr(f, "last_nan"):
+                f.last_nan = 0
         mode = "train" if self.model.training else "eval"
         for i, name in enumerate(self.reward_func_names):
-            count = int(infinite[:, i].sum())
+            count = int(infinite[:, i].sum()) + int(nan[i])
             self.record_metric(f"rewards/{name}/nonfinite", float(count), mode)
             if count and name not in self._warned_infinite:
                 self._warned_infinite.add(name)
                 logger.warning(
-                    "reward %r returned ±inf for %d of %d completions (step %d): they get no reward; further ones are "
-                    "counted in rewards/%s/nonfinite",
+                    "reward %r returned ±inf or NaN for %d of %d completions (step %d): they get no reward; further "
+                    "ones are counted in rewards/%s/nonfinite",
                     name,
                     count,
                     infinite.shape[0],
@@ -420,22 +430,39 @@ class GRPOTrainer(trl.GRPOTrainer):
         carried = len(self._pool)
         dropped: list = []
         rounds, generated_groups, kept_groups = 0, 0, 0
-        while True:
-            rounds += 1
-            output = self._score(inputs, mode="train")
-            groups = split_groups(output, num_gen, token_keys)
-            keep_global = keep_mask(self._filter_values(), num_gen).cpu()  # [groups, all processes]
-            self._keep_digest.update(bytes(keep_global.to(torch.uint8).tolist()))
-            per_process = keep_global.view(self.accelerator.num_processes, -1)  # [P, groups per process]
-            keep_local = per_process[self.accelerator.process_index].tolist()
-            self._pool.add([g for g, k in zip(groups, keep_local, strict=True) if k])
-            dropped += [g for g, k in zip(groups, keep_local, strict=True) if not k]
-            generated_groups += keep_global.numel()
-            kept_groups += int(keep_global.sum())
-            pool_sizes = self.accelerator.gather(torch.tensor([len(self._pool)], device=self.accelerator.device))
-            if int(pool_sizes.min()) >= needed or rounds >= self.args.max_generation_batches:
-                break
-            inputs = self._next_round_inputs(needed)
+        max_rounds, step = self.args.max_generation_batches, self.state.global_step + 1
+        # Extra rounds get a bar (main process, a terminal or a notebook, not with disable_tqdm) of the groups ready
+        # for this process's batch; the usual single round draws nothing. Every round is logged at DEBUG.
+        desc = f"step {step}: dynamic sampling"
+        with DeferredBar(needed, desc, enabled=enabled_for(self.args), unit="group", leave=False) as bar:
+            while True:
+                rounds += 1
+                output = self._score(inputs, mode="train")
+                groups = split_groups(output, num_gen, token_keys)
+                keep_global = keep_mask(self._filter_values(), num_gen).cpu()  # [groups, all processes]
+                self._keep_digest.update(bytes(keep_global.to(torch.uint8).tolist()))
+                per_process = keep_global.view(self.accelerator.num_processes, -1)  # [P, groups per process]
+                keep_local = per_process[self.accelerator.process_index].tolist()
+                self._pool.add([g for g, k in zip(groups, keep_local, strict=True) if k])
+                dropped += [g for g, k in zip(groups, keep_local, strict=True) if not k]
+                generated_groups += keep_global.numel()
+                kept_groups += int(keep_global.sum())
+                pool_sizes = self.accelerator.gather(torch.tensor([len(self._pool)], device=self.accelerator.device))
+                ready = min(int(pool_sizes.min()), needed)
+                logger.debug(
+                    "dynamic sampling, step %d round %d/%d: %d/%d groups kept, %d/%d ready",
+                    step,
+                    rounds,
+                    max_rounds,
+                    int(keep_global.sum()),
+                    keep_global.numel(),
+                    ready,
+                    needed,
+                )
+                if ready >= needed or rounds >= max_rounds:
+                    break
+                bar.show(ready, f"round {rounds + 1}/{max_rounds}, {kept_groups}/{generated_groups} groups kept")
+                inputs = self._next_round_inputs(needed)
 
         batch_groups, filled = assemble_batch(self._pool, dropped, needed)
         exhausted = int(self.accelerator.gather(torch.tensor([filled], device=self.accelerator.device)).max())

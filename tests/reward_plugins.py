@@ -145,3 +145,8 @@ def kills_fork_server(completions, **kwargs) -> list[float]:
 
     os.kill(os.getppid(), signal.SIGKILL)
     return [1.0] * len(completions)
+
+
+def nan_for_odd_lengths(completions, **kwargs) -> list[float]:
+    """NaN for a completion of odd length (a reward that means "cannot score" with NaN instead of None), else 1.0."""
+    return [math.nan if len(_text(c)) % 2 else 1.0 for c in completions]

@@ -111,6 +111,7 @@ evaluator.close()
 """
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_task_evaluator_counts_a_hanging_grade_as_timeout(tmp_path):
     """TaskEvaluator.run (before/after and every task_eval_steps) finishes, with the hang counted as ``timeout``."""
     out = tmp_path / "run"
@@ -192,6 +193,7 @@ if CANNED:
 """
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_evaluate_cli_counts_a_hanging_grade_as_timeout(tmp_path, tiny_model_dir):
     """``python -m hf_grpo.evaluate`` finishes with the hang counted as ``timeout``, using the recipe's reward_timeout.
 

@@ -7,12 +7,14 @@ import importlib.metadata
 import json
 import logging
 import platform
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from huggingface_hub import constants
+from huggingface_hub import ModelCard, constants
 from safetensors.torch import load_file, save_file
 
 from hf_grpo import hub
@@ -38,7 +40,12 @@ RUN_FILES = {
     "training_curves.png",
     "summary.md",
     "versions.json",  # written by the training run: the card's versions are the ones it trained with
+    "eval_before.jsonl",  # per-problem held-out records
+    "eval_after.jsonl",
 }
+REWRITTEN = {"recipe.yaml", "adapter_config.json"}  # they name local paths (output_dir, the tiny base model's folder)
+# An absolute path of two components or more (/tmp/x, /root/y, C:/Users/z), or one under ~, not inside a URL.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:(?:[A-Za-z]:)?(?:/[\w.@+-]+){2,}|~/[\w.@+-]+)")
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +106,15 @@ def test_push_uploads_the_run_and_nothing_else(run_dir, fake_hub):
     result = hub.push(run_dir, REPO)
     files = fake_hub.files(REPO)
     assert set(files) == RUN_FILES
-    for name in RUN_FILES - {"README.md"}:
+    for name in RUN_FILES - {"README.md"} - REWRITTEN:
         assert files[name] == (run_dir / name).read_bytes(), name
-    assert files["README.md"] != (run_dir / "README.md").read_bytes()  # ours, not the template PEFT leaves there
+    for name in REWRITTEN:  # the same content, local paths aside
+        assert files[name] != (run_dir / name).read_bytes() and str(run_dir).encode() in (run_dir / name).read_bytes()
+    assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "base_model"
+    assert yaml.safe_load(files["recipe.yaml"]) == {
+        **yaml.safe_load((run_dir / "recipe.yaml").read_text()),
+        "output_dir": "run",
+    }
     assert not any(name.startswith(("checkpoint-", "base_model", "vllm_adapters")) for name in files)
     assert not any(name.endswith((".bin", ".pt", ".pth", ".pkl", ".pickle")) for name in files)
     assert {"base_model/", "vllm_adapters/", "training_args.bin", "checkpoint-2/", "checkpoint-4/"} <= set(
@@ -149,7 +162,7 @@ def test_card_holds_results_versions_and_recipe(run_dir, fake_hub):
     for lib in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "hf_grpo"):
         assert f"| {lib} | {importlib.metadata.version(lib)} |" in card, lib
 
-    recipe = (run_dir / "recipe.yaml").read_text().rstrip("\n")
+    recipe = fake_hub.files(REPO)["recipe.yaml"].decode().rstrip("\n")  # as uploaded
     assert f"```yaml\n{recipe}\n```" in card
     assert "![training curves](training_curves.png)" in card
     assert f'PeftModel.from_pretrained(base, "{REPO}")' in card
@@ -233,6 +246,10 @@ def _plant(run_copy, case):
         with open(run_copy / "recipe.yaml", "a") as f:
             f.write("# hub_token: hf_" + "Ab1" * 12 + "\n")
         return "recipe.yaml"
+    if case == "token in eval_after.jsonl":  # a completion that happened to print it
+        with open(run_copy / "eval_after.jsonl", "a") as f:
+            f.write(json.dumps({"index": 99, "completion": TOKEN, "grade": "wrong"}) + "\n")
+        return "eval_after.jsonl"
     if case == "token in safetensors metadata":
         path = run_copy / "adapter_model.safetensors"
         save_file(load_file(path), path, metadata={"format": "pt", "note": TOKEN})
@@ -241,7 +258,13 @@ def _plant(run_copy, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["token in summary.md", "token-shaped string in recipe.yaml", "token in safetensors metadata"]
+    "case",
+    [
+        "token in summary.md",
+        "token-shaped string in recipe.yaml",
+        "token in eval_after.jsonl",
+        "token in safetensors metadata",
+    ],
 )
 def test_refuses_to_push_a_file_holding_a_token(run_dir, tmp_path, fake_hub, case, capsys):
     run_copy = tmp_path / "run"
@@ -281,6 +304,9 @@ def test_merged_push_uploads_base_plus_lora(run_dir, tmp_path, fake_hub):
     assert result.merged and "adapter_model.safetensors" in result.left_out
     meta = yaml.safe_load(files["README.md"].decode().split("---\n")[1])
     assert meta["library_name"] == "transformers"
+    for upload in fake_hub.uploads:  # the merged config.json included
+        text = _text_of(upload.path, upload.content)
+        assert text is None or _local_paths_in(text, run_dir) == [], upload.path
 
     pulled = tmp_path / "pulled"
     pulled.mkdir()
@@ -359,3 +385,167 @@ def test_bare_repo_name_lands_in_the_token_owners_namespace(run_dir, fake_hub):
     assert result.repo_id == f"{fake_hub.user}/bare-name"
     card = fake_hub.files(result.repo_id)["README.md"].decode()
     assert f'PeftModel.from_pretrained(base, "{fake_hub.user}/bare-name")' in card
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (g) a card the Hub understands: model-index, no local path, sample completions; the same card in output_dir
+
+
+def _text_of(name: str, data: bytes) -> str | None:
+    """What a reader of the uploaded file sees as text: a safetensors header, a text file; None for an image."""
+    if name.endswith(".safetensors"):
+        return data[8 : 8 + int.from_bytes(data[:8], "little")].decode()
+    if name.endswith(".png"):
+        return None
+    return data.decode()
+
+
+def _local_paths_in(text: str, run_dir: Path) -> list[str]:
+    needles = {str(run_dir), str(run_dir.resolve()), str(run_dir.parent.parent), str(Path.home()), str(Path.cwd())}
+    return [n for n in needles if n in text] + ABSOLUTE_PATH.findall(text)
+
+
+def _samples(card: str) -> list[tuple[str, int]]:
+    return [(grade, int(index)) for grade, index in re.findall(r"\*\*\d\. (\w+)\*\* \(held-out problem (\d+)", card)]
+
+
+def test_pushed_card_has_model_index_no_local_path_and_samples(run_dir, fake_hub):
+    hub.push(run_dir, REPO)
+    files = fake_hub.files(REPO)
+    card = files["README.md"].decode()
+    results = json.loads((run_dir / "eval_results.json").read_text())
+
+    # model-index, read back the way the Hub reads it
+    data = ModelCard(card).data
+    assert data.model_name == "tiny-grpo" and data.license == "apache-2.0" and data.base_model is None
+    assert [
+        (r.task_type, r.dataset_type, r.dataset_split, r.metric_type, r.metric_name, r.metric_value)
+        for r in data.eval_results
+    ] == [
+        ("text-generation", "arithmetic", "test", "accuracy", "accuracy", round(results["after"]["accuracy"], 4)),
+        (
+            "text-generation",
+            "arithmetic",
+            "test",
+            "accuracy",
+            "accuracy (before training)",
+            round(results["before"]["accuracy"], 4),
+        ),
+    ]
+    settings = results["settings"]
+    assert f"on {settings['num_problems']} held-out problems of hf_grpo arithmetic word problems, split `test`" in card
+
+    # sample completions from eval_after.jsonl, uploaded with the other per-problem records
+    records = {r["index"]: r for r in map(json.loads, (run_dir / "eval_after.jsonl").read_text().splitlines())}
+    shown = _samples(card)
+    assert "## Sample completions" in card and len(shown) == min(5, len(records))
+    for grade, index in shown:
+        assert records[index]["grade"] == grade
+        assert f"Completion:\n\n```text\n{records[index]['completion']}\n```" in card
+    right = sum(r["grade"] == "correct" for r in records.values())
+    assert sum(grade == "correct" for grade, _ in shown) == min(right, 3 + max(0, 2 - (len(records) - right)))
+    for name in ("eval_before.jsonl", "eval_after.jsonl"):
+        assert files[name] == (run_dir / name).read_bytes()
+
+    # license and citations: TRL, GRPO, and DAPO since the tiny recipe samples dynamically
+    assert "## License" in card and "@misc{vonwerra2020trl," in card
+    assert "arXiv:2402.03300" in card and "eprint        = {2503.14476}" in card
+
+    # no path of this machine in anything uploaded (the run's output_dir is in recipe.yaml and adapter_config.json)
+    assert str(run_dir) in (run_dir / "recipe.yaml").read_text()
+    for upload in fake_hub.uploads:
+        text = _text_of(upload.path, upload.content)
+        assert text is None or _local_paths_in(text, run_dir) == [], upload.path
+
+
+def test_local_readme_is_the_card_the_push_uploads(run_dir, fake_hub):
+    local = (run_dir / "README.md").read_text()  # written by the training run (hf_grpo.train -> write_local_card)
+    assert "[More Information Needed]" not in local and _local_paths_in(local, run_dir) == []
+    hub.push(run_dir, REPO)
+    pushed = fake_hub.files(REPO)["README.md"].decode()
+
+    local_meta, pushed_meta = ModelCard(local).data.to_dict(), ModelCard(pushed).data.to_dict()
+    assert (
+        local_meta["model-index"][0].pop("name") == "run" and pushed_meta["model-index"][0].pop("name") == "tiny-grpo"
+    )
+    assert local_meta == pushed_meta and local_meta["model-index"][0]["results"]
+
+    def sections(card):
+        return dict(part.split("\n", 1) for part in card.split("\n## ")[1:])
+
+    local_sections, pushed_sections = sections(local), sections(pushed)
+    assert local_sections.keys() == pushed_sections.keys()
+    assert {k for k in local_sections if local_sections[k] != pushed_sections[k]} == {"Usage"}
+    assert 'PeftModel.from_pretrained(base, "run")' in local_sections["Usage"]
+    assert "before any push" in local_sections["Usage"] and "before any push" not in pushed
+
+
+def _fake_run(out: Path, recipe: str, results: dict | None) -> None:
+    (out / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-Math-1.5B", "r": 8}))
+    (out / "adapter_model.safetensors").write_bytes(b"")
+    (out / "recipe.yaml").write_text(recipe)
+    if results is not None:
+        (out / "eval_results.json").write_text(json.dumps(results))
+
+
+def _results(before: int, after: int, settings: dict | None = None) -> dict:
+    def counts(correct):
+        return {"accuracy": correct / 10, "correct": correct, "wrong": 10 - correct, "unparseable": 0, "total": 10}
+
+    return {"before": counts(before), "after": counts(after), **({"settings": settings} if settings else {})}
+
+
+HUB_RECIPE = (
+    "# resolved from /home/someone/recipes/qwen.yaml and the command line; every other key has its default\n"
+    "model_name_or_path: Qwen/Qwen2.5-Math-1.5B\ndataset_name: gsm8k\nreward_funcs: [gsm8k_correctness]\n"
+    "output_dir: /home/someone/runs/qwen\nloss_type: grpo\ndynamic_sampling: false\n"
+)
+
+
+def test_model_index_from_settings_or_from_an_older_runs_recipe(tmp_path):
+    settings = {"task": "gsm8k", "dataset": "openai/gsm8k", "dataset_config": "main", "split": "test"}
+    settings.update(num_problems=10, decoding="greedy", max_new_tokens=512, prompt_style="chat")
+    _fake_run(tmp_path, HUB_RECIPE, _results(3, 6, settings))
+    card = hub.model_card(tmp_path, "me/qwen-grpo")
+    data = ModelCard(card).data
+    assert data.base_model == "Qwen/Qwen2.5-Math-1.5B" and data.datasets == ["openai/gsm8k"]
+    assert "license" not in data.to_dict() and "Not set. This model derives from" in card
+    assert [(r.dataset_type, r.dataset_config, r.dataset_split, r.metric_value) for r in data.eval_results] == [
+        ("openai/gsm8k", "main", "test", 0.6),
+        ("openai/gsm8k", "main", "test", 0.3),
+    ]
+    assert "(at most 512 new tokens) on 10 held-out problems of openai/gsm8k, config `main`, split `test`" in card
+    assert "2402.03300" in card and "2503.14476" not in card  # no DAPO: neither its loss nor dynamic sampling
+    assert "someone" not in card and "# resolved from qwen.yaml and the command line" in card
+    assert "\noutput_dir: qwen\n" in card
+
+    assert ModelCard(hub.model_card(tmp_path, "me/qwen-grpo", license="mit")).data.license == "mit"
+
+    # a local data file is named by its file name only
+    _fake_run(tmp_path, HUB_RECIPE, _results(3, 6, {**settings, "dataset": "/data/x/problems.jsonl"}))
+    (result, _) = ModelCard(hub.model_card(tmp_path, "me/qwen-grpo")).data.eval_results
+    assert (result.dataset_type, result.dataset_name) == ("problems.jsonl", "problems.jsonl (local file)")
+
+    # an older run without "settings": the dataset comes from the recipe
+    _fake_run(tmp_path, HUB_RECIPE, _results(3, 6))
+    (after, before) = ModelCard(hub.model_card(tmp_path, "me/qwen-grpo")).data.eval_results
+    assert (after.dataset_type, after.dataset_split, after.metric_value, before.metric_value) == (
+        "openai/gsm8k",
+        "test",
+        0.6,
+        0.3,
+    )
+
+    # no evaluation at all: no model-index (and no stray model_name key)
+    (tmp_path / "eval_results.json").unlink()
+    meta = ModelCard(hub.model_card(tmp_path, "me/qwen-grpo")).data.to_dict()
+    assert "model-index" not in meta and "model_name" not in meta and "metrics" not in meta
+
+
+def test_sample_picking_prefers_fixed_problems_and_tops_up():
+    records = [{"index": i, "grade": "correct" if i % 3 == 0 else "wrong"} for i in range(12)]  # 0 3 6 9 correct
+    before = {0: "correct", 3: "correct", 6: "wrong", 9: "wrong"}
+    picked = hub.pick_samples(records, before)
+    assert [r["index"] for r in picked] == [6, 9, 0, 1, 2]  # wrong -> right first, then in held-out order
+    assert [r["index"] for r in hub.pick_samples(records[:4])] == [0, 3, 1, 2]  # 2 right, 2 wrong: all of them
+    assert len(hub.pick_samples([{"index": i, "grade": "wrong"} for i in range(9)])) == 5  # no right: 5 wrong

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -86,18 +87,48 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def output_text(output) -> str:
+    """The text of one cell output: a stream's text, a display's ``text/plain`` / ``text/html``, an error's message."""
+    if output.output_type == "stream":
+        return output.text
+    if output.output_type == "error":
+        return f"{output.ename}: {output.evalue}"
+    data = output.get("data", {})
+    return "\n".join(str(data.get(kind, "")) for kind in ("text/plain", "text/html"))
+
+
+def cell_running(nb, code: str):
+    """The one code cell whose source contains ``code``."""
+    [cell] = [c for c in nb.cells if c.cell_type == "code" and code in c.source]
+    return cell
+
+
+def check_progress_shown(nb, training_code: str) -> None:
+    """No "IProgress not found" anywhere (ipywidgets is installed); the training cell's output is not captured: it
+    shows hf_grpo's log lines and progress bars drawn as ipywidgets (tqdm.auto in Jupyter)."""
+    texts = [output_text(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not any("IProgress not found" in text for text in texts), "tqdm found no ipywidgets"
+    cell = cell_running(nb, training_code)
+    assert "%%capture" not in cell.source
+    logged = "".join(output_text(o) for o in cell.outputs)
+    assert "warm start: " in logged and "held-out accuracy (before)" in logged, logged[-2000:]
+    widgets = [o for o in cell.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widgets, "no progress bar was drawn as a widget in the training cell"
+
+
 def plots_shown(nb) -> bool:
     """Every cell that draws with matplotlib displayed a PNG (inline plotting survives the training run)."""
     cells = [c for c in nb.cells if c.cell_type == "code" and "plt.subplots" in c.source]
     return bool(cells) and all(any("image/png" in o.get("data", {}) for o in c.outputs) for c in cells)
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_quickstart(tmp_path, kernel):
     nb, params = execute("quickstart.ipynb", tmp_path, kernel)
     out = tmp_path / params["OUTPUT_DIR"]
 
     results = json.loads((out / "eval_results.json").read_text())
-    assert set(results) == {"before", "after", "gain"}
+    assert {"before", "after", "gain"} <= set(results)  # and the run's eval "settings"
     for phase in (results["before"], results["after"]):
         assert phase["total"] == params["EVAL_SIZE"]
         assert phase["correct"] + phase["wrong"] + phase["unparseable"] == phase["total"]
@@ -113,8 +144,22 @@ def test_quickstart(tmp_path, kernel):
     assert [r["step"] for r in history] == list(range(1, params["MAX_STEPS"] + 1))
     assert all("dynamic_sampling/kept_fraction" in r for r in history)
     assert plots_shown(nb), "the reward / accuracy plot was not displayed"
+    check_progress_shown(nb, "results = train(")
+
+    # the trained adapter, loaded with PEFT on its base model, answered a question
+    asked = "".join(output_text(o) for o in cell_running(nb, "PeftModel.from_pretrained").outputs)
+    answer = re.search(r"^answer: +'(.+)'$", asked, re.MULTILINE)
+    assert answer and answer.group(1).strip(), asked
+    assert re.search(r"^grade: +(correct|wrong|unparseable)$", asked, re.MULTILINE), asked
+
+    # without PUSH_REPO_ID the push cell only says what it would upload
+    assert params["PUSH_REPO_ID"] is None
+    pushed = "".join(output_text(o) for o in cell_running(nb, "push(OUTPUT_DIR, PUSH_REPO_ID)").outputs)
+    assert pushed.startswith("push skipped: PUSH_REPO_ID"), pushed
+    assert "adapter_model.safetensors" in pushed and "README.md" in pushed
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_custom_reward(tmp_path, kernel):
     nb, params = execute("custom_reward.ipynb", tmp_path, kernel)
     out = tmp_path / params["OUTPUT_DIR"]
@@ -136,3 +181,4 @@ def test_custom_reward(tmp_path, kernel):
     assert all(r["rewards/shows_work/errors"] == 0 for r in history)
     assert all(0.0 <= r["rewards/shows_work/mean"] <= 1.0 for r in history)
     assert plots_shown(nb), "the per-reward plot was not displayed"
+    check_progress_shown(nb, "results = train(")

@@ -118,6 +118,7 @@ COMMON = [
 ]  # fmt: skip
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_a_logged_metric_reaches_the_training_history(tmp_path):
     data = write_dataset(tmp_path / "data.jsonl", conversational=True)
     out = tmp_path / "run"
@@ -133,6 +134,7 @@ def test_a_logged_metric_reaches_the_training_history(tmp_path):
     assert [r["step"] for r in steps] == [1, 2] and all(r["contract/mean_length"] > 0 for r in steps)
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path):
     data = write_dataset(tmp_path / "data.jsonl", conversational=False)
     out = tmp_path / "run"
@@ -208,6 +210,7 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     assert rewards[:, 2].tolist() == [1.0] * len(rows)
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
     """Issue 11 #2: a run whose rewards were all None logged an error per batch, trained on nothing to the end and then
     died in write_report (TypeError on a None reward): exit 1, no summary.md."""
@@ -225,6 +228,7 @@ def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
     assert "reward: n/a" in summary or "Training summary" in summary
 
 
+@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
 def test_infinite_rewards_are_counted_and_left_out(tmp_path):
     """Issue 11 #2: ±inf rewards zeroed every loss (nothing learned) without a counter, and the report crashed."""
     out = tmp_path / "run"
@@ -241,3 +245,35 @@ def test_infinite_rewards_are_counted_and_left_out(tmp_path):
         assert record["rewards/partly_infinite/nonfinite"] > 0 and record["rewards/gsm8k_correctness/nonfinite"] == 0
         assert math.isfinite(record["reward"]) and math.isfinite(record["rewards/partly_infinite/mean"])
     assert "returned ±inf" in result.stderr and (out / "summary.md").is_file()
+
+
+def test_nan_rewards_are_counted_as_nonfinite_and_left_out():
+    """Issue 11 #2: TRL turns None into NaN, so a reward returning NaN was left out without a count. An isolated
+    reward tells the two apart; the trainer adds its NaNs to rewards/<name>/nonfinite (gathered over processes)."""
+    import types
+
+    from . import reward_plugins
+
+    funcs = load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:nan_for_odd_lengths"]))
+    try:
+        completions = ["ab", "abc", "abcd", "a"]
+        assert funcs[0](prompts=["p"] * 4, completions=completions) == [1.0, None, 1.0, None]
+        assert funcs[0].last_nan == 2
+        assert math.isnan(reward_plugins.nan_for_odd_lengths(completions)[1])  # what the function itself returns
+
+        recorded = {}
+        fake = types.SimpleNamespace(
+            reward_funcs=funcs,
+            reward_func_names=["nan_for_odd_lengths"],
+            accelerator=types.SimpleNamespace(gather=lambda t: torch.cat([t, t])),  # two processes, the same counts
+            model=types.SimpleNamespace(training=True),
+            record_metric=lambda name, value, mode: recorded.__setitem__(name, value),
+            _warned_infinite=set(),
+            state=types.SimpleNamespace(global_step=0),
+        )
+        rewards = torch.tensor([[1.0], [math.nan], [math.inf], [math.nan]])  # [B*G global, F]: NaNs are the None's
+        out = GRPOTrainer._drop_infinite(fake, rewards)
+        assert recorded["rewards/nan_for_odd_lengths/nonfinite"] == 1 + 2 * 2  # one inf, two NaN on each process
+        assert torch.isnan(out[2, 0]) and funcs[0].last_nan == 0  # inf left out; the count is taken once
+    finally:
+        funcs[0].pool.close()

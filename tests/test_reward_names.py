@@ -167,12 +167,11 @@ def test_trl_reward_resolved_by_name_pickles_by_reference(spelling):
 @pytest.mark.parametrize(
     "name, first_suggestion",
     [
-        ("accuracy", "accuracy_reward"),
         ("Accuracy_Reward", "accuracy_reward"),
         ("think_format_rewards", "think_format_reward"),
         ("gsm8k_corectness", "gsm8k_correctness"),
         ("gsm8k", "gsm8k_correctness"),
-        ("soft_overlong_punishment", "get_soft_overlong_punishment"),
+        ("soft_overlong_punish", "get_soft_overlong_punishment"),
     ],
 )
 def test_unknown_name_suggests_the_obvious_fix_first_and_lists_both_registries(name, first_suggestion):
@@ -183,6 +182,23 @@ def test_unknown_name_suggests_the_obvious_fix_first_and_lists_both_registries(n
     assert str(sorted(REWARD_FUNCS)) in message
     assert str(sorted(trl_reward_names())) in message
     assert "'module.path:function'" in message and "'module.path.function'" in message
+
+
+@pytest.mark.parametrize(
+    "name, replacement",
+    [
+        ("accuracy", "use accuracy_reward"),
+        ("format", "use r1_zero_format"),
+        ("tag_count", "think_format"),
+        ("soft_overlong_punishment", "use soft_overlong, or TRL's get_soft_overlong_punishment"),
+        ("reasoning_steps", "module.path:function"),
+    ],
+)
+def test_open_r1_reward_names_say_what_to_use_instead(name, replacement):
+    """Issue 12 #1: open-r1's recipes name rewards from its own registry; each gets the reward that takes its place."""
+    with pytest.raises(RewardLoadError) as info:
+        resolve_reward(name)
+    assert f"{name!r} is open-r1's name: " in str(info.value) and replacement in str(info.value)
 
 
 def test_unknown_name_without_a_close_match_still_lists_both_registries():

@@ -95,33 +95,6 @@ def test_evaluate_reproduces_the_runs_eval_results(tmp_path, capsys):
             assert printed[key] == results[phase][key], (phase, key)
 
 
-def test_plot_has_four_non_empty_panels(tmp_path):
-    from hf_grpo.evaluation.report import training_figure
-
-    history = [
-        {
-            "step": s,
-            "reward": 0.1 * s,
-            "accuracy": 0.1 * s,
-            "loss": 0.01 / s,
-            "reward/min": 0.0,
-            "reward/max": 1.0,
-            "eval/accuracy": 0.05 * s,
-        }
-        for s in range(1, 6)
-    ]
-    figure = training_figure(history, {"before": {"accuracy": 0.1}, "after": {"accuracy": 0.5}})
-    for ax in figure.axes:
-        drawn = [line for line in ax.get_lines() if len(line.get_xdata()) > 1] + list(ax.collections)
-        assert drawn, f"panel {ax.get_title()!r} is empty"
-    assert [ax.get_title() for ax in figure.axes] == [
-        "Average reward per step",
-        "Accuracy: train vs held-out",
-        "Policy loss",
-        "Reward range per step",
-    ]
-
-
 def readme_run_command() -> str:
     """The command that README's set-up block (``<!-- run-command -->``) ends with: the embedded default run."""
     readme = (REPO / "README.md").read_text()

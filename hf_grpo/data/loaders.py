@@ -235,6 +235,8 @@ def source_splits(args: DataArguments) -> dict[str, tuple[dict, str]]:
     if args.eval_dataset_name:
         eval_spec = args.resolved(args.eval_dataset_name)
         sources["eval"] = (eval_spec, eval_spec["test_split"])
+    elif args.eval_split_size > 0:
+        pass  # carved out of train (load_grpo_datasets): the recipe asks for it, over a test split it may not have
     elif spec["name"] == "arithmetic":
         sources["eval"] = (spec, "test")
     elif not is_local_file(spec["name"]) and spec["test_split"] and spec["test_split"] != spec["train_split"]:

@@ -7,6 +7,9 @@ of correct, wrong and unparseable answers from ``hf_grpo.rewards.grade``.
 Prompts are rendered with the tokenizer's chat template exactly as GRPOTrainer renders them for generation, so the
 numbers measure the same behaviour that training optimizes.
 
+``evaluate`` shows progress bars (``hf_grpo.progress``: main process, a terminal or a notebook) of the problems
+generated and the completions graded, labelled with the evaluation (``before``, ``step20``, ``after``...).
+
 Grading never runs in this process. A model can write an answer that math-verify cannot finish with
 (``\\boxed{5^{5^{5^{5^5}}}}``, huggingface/Math-Verify#65: one C-level SymPy call that no signal interrupts), so every
 completion is graded by ``grade_completion`` in a worker of a ``hf_grpo.rewards.isolation.RewardPool`` with a hard
@@ -32,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..progress import progress_bar
 from ..rewards import RewardArguments
 from ..rewards.functions import GRADED_REWARDS, grade_completion
 from ..rewards.grading import GRADES
@@ -43,6 +47,7 @@ logger = logging.getLogger(__name__)
 EVAL_GRADES = (*GRADES, "timeout", "error")  # every grade an evaluation record can hold
 DEFAULT_GRADE_TIMEOUT = RewardArguments.reward_timeout  # seconds per completion, as a recipe's reward_timeout
 MAX_GRADE_WORKERS = 4  # workers of a pool started for grading (fewer when the machine or the batch is smaller)
+GRADE_PROGRESS_SLICE = 64  # least completions graded per pool.map call while a progress bar is shown
 
 
 @dataclass(kw_only=True)
@@ -87,40 +92,71 @@ def generate(
     temperature: float = 1.0,
     num_return_sequences: int = 1,
     batch_size: int = 64,
+    progress: bool | None = False,
+    desc: str = "generating",
 ) -> list[list[str]]:
-    """Completions for each prompt (``num_return_sequences`` each), decoded without special tokens."""
+    """Completions for each prompt (``num_return_sequences`` each), decoded without special tokens.
+
+    ``progress``: a bar counting the prompts done, batch by batch (off by default; None = automatic, True = forced,
+    as in ``hf_grpo.progress``).
+    """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     outputs: list[list[str]] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = [prompt_token_ids(tokenizer, p) for p in prompts[start : start + batch_size]]
-        width = max(len(ids) for ids in chunk)
-        input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
-        attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, ids in enumerate(chunk):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, width - len(ids) :] = 1
-        generated = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=do_sample,
-            temperature=temperature if do_sample else None,
-            top_p=None,
-            top_k=None,
-            num_return_sequences=num_return_sequences,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )  # [B * n, P + C]
-        texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
-        outputs += [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
+    with progress_bar(len(prompts), desc, enabled=progress, unit="problem", leave=False) as bar:
+        for start in range(0, len(prompts), batch_size):
+            outputs += _generate_batch(
+                model,
+                tokenizer,
+                prompts[start : start + batch_size],
+                device,
+                max_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                temperature=temperature,
+                num_return_sequences=num_return_sequences,
+            )
+            bar.update(len(prompts[start : start + batch_size]))
     model.train(was_training)
     return outputs
 
 
+def _generate_batch(
+    model, tokenizer, prompts: list, device, *, max_new_tokens, do_sample, temperature, num_return_sequences
+) -> list[list[str]]:
+    """``generate``'s work for one batch of prompts: left-pad, generate, decode."""
+    chunk = [prompt_token_ids(tokenizer, p) for p in prompts]
+    width = max(len(ids) for ids in chunk)
+    input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
+    attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+    for row, ids in enumerate(chunk):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    generated = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature if do_sample else None,
+        top_p=None,
+        top_k=None,
+        num_return_sequences=num_return_sequences,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # [B * n, P + C]
+    texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+    return [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
+
+
 def grade_results(
-    task: str, completions: Sequence, golds: Sequence[str], timeout: float, pool: RewardPool | None = None
+    task: str,
+    completions: Sequence,
+    golds: Sequence[str],
+    timeout: float,
+    pool: RewardPool | None = None,
+    *,
+    progress: bool | None = False,
+    desc: str = "grading",
 ) -> list[Result]:
     """Grade each completion against its gold answer in ``pool``'s workers, at most ``timeout`` seconds each.
 
@@ -128,6 +164,7 @@ def grade_results(
     value that is not a grade is an error too). Without ``pool`` a pool of at most ``MAX_GRADE_WORKERS`` workers is
     started for this call and closed after it. Timeouts and errors are logged (one warning each per call). Raises
     ``ValueError`` for an unknown ``task`` or lengths that differ, ``RuntimeError`` if no worker can start.
+    ``progress``: a bar counting the graded completions (off by default; see ``generate``).
     """
     tasks = sorted(set(GRADED_REWARDS.values()))
     if task not in tasks:
@@ -138,17 +175,31 @@ def grade_results(
         return []
     job = functools.partial(grade_completion, task)
     items = [{"completion": c, "gold": g} for c, g in zip(completions, golds, strict=True)]
-    if pool is None:
-        workers = min(default_num_workers(), MAX_GRADE_WORKERS, len(items))
-        with RewardPool(num_workers=workers) as own:
-            results = own.map(job, items, timeout)
-    else:
-        results = pool.map(job, items, timeout)
+    with progress_bar(len(items), desc, enabled=progress, unit="completion", leave=False) as bar:
+        if pool is None:
+            workers = min(default_num_workers(), MAX_GRADE_WORKERS, len(items))
+            with RewardPool(num_workers=workers) as own:
+                results = _map(own, job, items, timeout, bar)
+        else:
+            results = _map(pool, job, items, timeout, bar)
     results = [
         r if not r.ok or r.value in GRADES else Result("error", error=f"ValueError: unknown grade {r.value!r:.100}")
         for r in results
     ]
     _report(results, completions, timeout)
+    return results
+
+
+def _map(pool: RewardPool, job, items: list[dict], timeout: float, bar) -> list[Result]:
+    """``pool.map(job, items, timeout)``; under a bar that is shown, slice by slice so that the bar moves (a slice's
+    slowest item holds up the next slice: slices are large enough to keep every worker busy meanwhile)."""
+    if bar.disable:
+        return pool.map(job, items, timeout)
+    size = max(GRADE_PROGRESS_SLICE, pool.num_workers * pool.max_chunk)
+    results: list[Result] = []
+    for start in range(0, len(items), size):
+        results += pool.map(job, items[start : start + size], timeout)
+        bar.update(len(items[start : start + size]))
     return results
 
 
@@ -209,11 +260,14 @@ def grade_generations(
     *,
     timeout: float = DEFAULT_GRADE_TIMEOUT,
     pool: RewardPool | None = None,
+    progress: bool | None = False,
+    desc: str = "grading",
 ) -> EvalResult:
     """Grade generated texts (one greedy completion per problem, optionally k samples) into an EvalResult.
 
     Every completion is graded in ``pool`` (a pool for this call when None) with at most ``timeout`` seconds each
-    (``grade_results``); a record whose grade is ``timeout`` or ``error`` says why in ``grade_error``.
+    (``grade_results``); a record whose grade is ``timeout`` or ``error`` says why in ``grade_error``. ``progress``:
+    a bar counting the graded completions (off by default; see ``generate``).
     """
     prompts, golds = list(dataset["prompt"]), list(dataset[gold_column])
     completions = [greedy[i][0] for i in range(len(prompts))]
@@ -222,7 +276,7 @@ def grade_generations(
         for samples, gold in zip(sampled, golds, strict=True):
             completions += samples
             all_golds += [gold] * len(samples)
-    results = grade_results(task, completions, all_golds, timeout, pool)  # one call: the workers start once
+    results = grade_results(task, completions, all_golds, timeout, pool, progress=progress, desc=desc)  # once
     offset = len(prompts)  # where the next problem's samples start in ``results``
 
     records, counts, hits = [], dict.fromkeys(EVAL_GRADES, 0), 0
@@ -262,13 +316,20 @@ def evaluate(
     gold_column: str = "solution",
     grade_timeout: float = DEFAULT_GRADE_TIMEOUT,
     pool: RewardPool | None = None,
+    progress: bool | None = None,
+    label: str = "eval",
 ) -> EvalResult:
     """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``.
 
     Grading goes through ``grade_generations`` (worker processes of ``pool``, ``grade_timeout`` seconds each).
+    Progress bars count the problems generated, then the completions graded, described as ``label`` (``before``,
+    ``step20``...); ``progress`` None shows them on the main process when stderr is a terminal or in a notebook,
+    True forces them, False hides them (``hf_grpo.progress``).
     """
     prompts = list(dataset["prompt"])
-    greedy = generate(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size)
+    greedy = generate(
+        model, tokenizer, prompts, max_new_tokens, batch_size=batch_size, progress=progress, desc=f"{label}: generate"
+    )
     sampled = None
     if num_samples > 1:
         sampled = generate(
@@ -280,5 +341,17 @@ def evaluate(
             temperature=temperature,
             num_return_sequences=num_samples,
             batch_size=batch_size,
+            progress=progress,
+            desc=f"{label}: sample {num_samples}",
         )
-    return grade_generations(dataset, task, greedy, sampled, gold_column, timeout=grade_timeout, pool=pool)
+    return grade_generations(
+        dataset,
+        task,
+        greedy,
+        sampled,
+        gold_column,
+        timeout=grade_timeout,
+        pool=pool,
+        progress=progress,
+        desc=f"{label}: grade",
+    )

@@ -1,12 +1,14 @@
-"""Training report: seed 002's four-panel plot and a Markdown summary with the before/after table.
+"""Training report: the training figure and a Markdown summary with the before/after table.
 
-Panels: (1) mean reward per step, (2) train accuracy vs held-out accuracy, with the before -> after difference and
-its paired 95% interval, (3) loss, (4) the reward's min/max band with its mean. ``summary.md`` holds the before/after
-table (correct, answered-but-wrong, no answer found, grading timed out or failed when any did, the paired difference
-with its 95% interval and the right -> wrong / wrong -> right counts), a sentence saying whether that interval
-excludes zero, and the training facts. Everything is read from ``training_history.json``, ``eval_results.json``
-and, when ``eval_results.json`` holds no ``gain``, the per-problem ``eval_before.jsonl`` / ``eval_after.jsonl``
-(``hf_grpo.evaluation.stats``), so a report can be rebuilt at any time::
+The figure (``training_curves.png``) answers "did it learn": held-out accuracy before, during (periodic
+``eval/accuracy``) and after training with the paired before -> after difference and its 95% interval, next to the
+sampled train accuracy; then the training reward, completion length, KL and entropy. ``choose_panels`` picks the
+panels from the history alone (absent data, or a series that repeats another, gets no panel or line), so the figure
+adapts to the run. ``summary.md`` holds the before/after table (correct, answered-but-wrong, no answer found, grading
+timed out or failed when any did, the paired difference with its 95% interval and the right -> wrong / wrong -> right
+counts), a sentence saying whether that interval excludes zero, and the training facts. Everything is read from
+``training_history.json``, ``eval_results.json`` and, when ``eval_results.json`` holds no ``gain``, the per-problem
+``eval_before.jsonl`` / ``eval_after.jsonl`` (``hf_grpo.evaluation.stats``), so a report can be rebuilt at any time::
 
     python -m hf_grpo.evaluation.report outputs/tiny
 """
@@ -17,6 +19,7 @@ import json
 import logging
 import math
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..outputs import EVAL_FILE, PLOT_FILE, SUMMARY_FILE
@@ -25,11 +28,6 @@ from .stats import METHOD, gain_from_run
 
 
 logger = logging.getLogger(__name__)
-
-
-def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
-    points = [(r["step"], r[key]) for r in history if r.get(key) is not None]
-    return [p[0] for p in points], [p[1] for p in points]
 
 
 def read_eval_results(output_dir: str | Path) -> dict | None:
@@ -134,13 +132,192 @@ def gain_sentence(gain: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Plot
+# Plot: which panels (a pure function of the history, testable without drawing), then the drawing
+
+
+@dataclass(frozen=True)
+class Series:
+    """One thing drawn on a panel: a line of ``values`` per step, or (``upper`` set) a band from values to upper.
+
+    ``kind`` is ``line`` (per-step training metric), ``points`` (evaluations: before, periodic, after) or ``band``;
+    ``right_axis`` puts it against a second y axis (another unit than the panel's own).
+    """
+
+    label: str
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    kind: str = "line"
+    upper: tuple[float, ...] | None = None
+    right_axis: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: ``key`` (accuracy, reward, length, kl, entropy), its title, y-axis labels and series."""
+
+    key: str
+    title: str
+    ylabel: str
+    series: tuple[Series, ...]
+    right_ylabel: str | None = None
+
+
+def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """The steps at which ``key`` was logged with a finite value, and those values."""
+    points = [
+        (r["step"], float(r[key]))
+        for r in history
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r
+    ]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _line(history: list[dict], key: str, label: str, **kwargs) -> Series | None:
+    steps, values = _series(history, key)
+    return Series(label, tuple(steps), tuple(values), **kwargs) if steps else None
+
+
+def _same(a: Series | None, b: Series | None) -> bool:
+    """Both logged at the same steps with the same values: one of them would only repeat the other."""
+    if a is None or b is None or a.steps != b.steps:
+        return False
+    return all(abs(x - y) <= 1e-9 for x, y in zip(a.values, b.values, strict=True))
+
+
+def _constant(values) -> bool:
+    return max(values) - min(values) <= 1e-12
+
+
+def _band(history: list[dict], low_key: str, high_key: str, label: str) -> Series | None:
+    """A min-max band where both edges are logged, left out when neither edge ever moves (it would say nothing)."""
+    rows = [
+        (r["step"], float(r[low_key]), float(r[high_key]))
+        for r in history
+        if all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for k in (low_key, high_key))
+    ]
+    if not rows:
+        return None
+    steps, low, high = zip(*rows, strict=True)
+    if _constant(low) and _constant(high):
+        return None
+    return Series(label, steps, low, kind="band", upper=high)
+
+
+def _last_step(history: list[dict]) -> int:
+    return max((r["step"] for r in history if "step" in r), default=0)
+
+
+def _heldout(history: list[dict], eval_results: dict | None) -> Series | None:
+    """Greedy held-out accuracy: before (step 0), every periodic ``eval/accuracy``, after (the last step)."""
+    steps, values = _series(history, "eval/accuracy")
+    points = list(zip(steps, values, strict=True))
+    before, after = ((eval_results or {}).get(phase) for phase in ("before", "after"))
+    if isinstance(before, dict) and before.get("accuracy") is not None:
+        points.insert(0, (0, before["accuracy"]))
+    if isinstance(after, dict) and after.get("accuracy") is not None:
+        last = _last_step(history)
+        if points and points[-1][0] == last and abs(points[-1][1] - after["accuracy"]) <= 1e-12:
+            points.pop()  # the periodic evaluation of the last step is the after evaluation
+        points.append((last, after["accuracy"]))
+    if not points:
+        return None
+    total = next((p.get("total") for p in (before, after) if isinstance(p, dict) and p.get("total")), None)
+    label = f"held-out, greedy (n={total})" if total else "held-out, greedy"
+    steps, values = zip(*points, strict=True)
+    return Series(label, steps, values, kind="points")
+
+
+def _reward_functions(history: list[dict]) -> list[str]:
+    """Names of the reward functions TRL logged a per-function mean for (``rewards/<name>/mean``)."""
+    names = dict.fromkeys(
+        k[len("rewards/") : -len("/mean")]
+        for r in history
+        for k in r
+        if k.startswith("rewards/") and k.endswith("/mean")
+    )
+    return list(names)
+
+
+def _accuracy_panel(history: list[dict], eval_results: dict | None, reward: Series | None) -> Panel | None:
+    heldout = _heldout(history, eval_results)
+    train = _line(history, "accuracy", "train, sampled")
+    if train is not None and _same(train, reward):
+        train = replace(train, label="train, sampled (= reward)")
+    series = tuple(s for s in (train, heldout) if s is not None)
+    if not series:
+        return None
+    if train is not None and heldout is not None:
+        title = "Accuracy: train vs held-out"
+    else:
+        title = "Held-out accuracy" if heldout is not None else "Train accuracy (sampled)"
+    return Panel("accuracy", title, "fraction correct", series)
+
+
+def _reward_panel(history: list[dict], reward: Series | None, accuracy: Series | None) -> Panel | None:
+    """Mean reward, its batch min-max and one line per reward function, leaving out what another series repeats.
+
+    With a single 0/1 correctness reward the mean reward is the train accuracy (drawn on the accuracy panel) and the
+    batch min-max is 0..1 by construction, so the panel is left out.
+    """
+    if reward is None:
+        return None
+    kept: list[Series] = []
+    if not _same(reward, accuracy):  # else a single 0/1 correctness reward: the accuracy panel draws it
+        band = _band(history, "reward/min", "reward/max", "lowest to highest in the batch")
+        kept = [reward] + ([band] if band is not None else [])
+    names = _reward_functions(history)
+    if len(names) > 1:
+        for name in names:
+            line = _line(history, f"rewards/{name}/mean", name)
+            if line is not None and not any(_same(line, s) for s in (reward, accuracy, *kept)):
+                kept.append(line)
+    if not kept:
+        return None
+    return Panel("reward", "Training reward (sampled completions)", "reward", tuple(kept))
+
+
+def _length_panel(history: list[dict]) -> Panel | None:
+    mean = _line(history, "completions/mean_length", "mean")
+    if mean is None:
+        return None
+    band = _band(history, "completions/min_length", "completions/max_length", "shortest to longest")
+    clipped = _line(history, "completions/clipped_ratio", "clipped at max length", right_axis=True)
+    series = tuple(s for s in (band, mean, clipped) if s is not None)
+    right = "fraction clipped" if clipped is not None else None
+    return Panel("length", "Completion length", "tokens", series, right)
+
+
+def choose_panels(history: list[dict], eval_results: dict | None = None) -> list[Panel]:
+    """The panels of the training figure, in order, from ``training_history.json``'s records and eval results.
+
+    1. accuracy: greedy held-out accuracy at step 0 (before), at every periodic ``eval/accuracy`` and at the last
+       step (after); the sampled train accuracy with it. 2. reward: the mean reward, its batch min-max and the
+       per-function means, only what does not repeat another series (a single 0/1 correctness reward *is* the train
+       accuracy, and its min-max is 0..1 by construction). 3. length: completion length (mean, min-max) and the
+       fraction clipped at ``max_completion_length``. 4. kl: TRL logs ``kl`` only when beta != 0. 5. entropy, whose
+       title says when the KL was not computed. A panel without data is left out.
+    """
+    reward = _line(history, "reward", "mean reward")
+    accuracy = _line(history, "accuracy", "train, sampled")
+    panels = [
+        _accuracy_panel(history, eval_results, reward),
+        _reward_panel(history, reward, accuracy),
+        _length_panel(history),
+    ]
+    kl = _line(history, "kl", "KL(policy || reference)")
+    if kl is not None:
+        panels.append(Panel("kl", "KL to the reference model", "nats per token", (kl,)))
+    entropy = _line(history, "entropy", "entropy")
+    if entropy is not None:
+        title = "Policy entropy" if kl is not None else "Policy entropy; KL not computed (beta = 0)"
+        panels.append(Panel("entropy", title, "nats per token", (entropy,)))
+    return [p for p in panels if p is not None]
 
 
 def plot_training(
     history: list[dict], path: str | Path, eval_results: dict | None = None, gain: dict | None = None
 ) -> Path:
-    """Write the four-panel PNG; returns its path."""
+    """Write the training figure (``choose_panels``) as a PNG; returns its path."""
     path = Path(path)
     training_figure(history, eval_results, gain).savefig(path, dpi=100)
     return path
@@ -178,8 +355,57 @@ def _draw_gain(ax, gain: dict, before: float, step: int) -> None:
     )
 
 
+_COLORS = {"points": "tab:red", "band": "tab:blue"}
+_LINE_COLORS = ("tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:olive")
+
+
+def _draw_series(ax, series: Series, color: str, linestyle: str = "-") -> None:
+    if series.kind == "band":
+        ax.fill_between(series.steps, series.values, series.upper, alpha=0.2, color=color, label=series.label)
+    else:
+        marker = "o" if series.kind == "points" else "."
+        ax.plot(series.steps, series.values, marker=marker, color=color, linestyle=linestyle, label=series.label)
+
+
+def _draw_panel(ax, panel: Panel) -> None:
+    right = ax.twinx() if panel.right_ylabel else None
+    colors = iter(_LINE_COLORS)
+    for series in panel.series:
+        if series.right_axis:
+            _draw_series(right, series, "tab:gray", linestyle="--")
+        else:
+            _draw_series(ax, series, _COLORS.get(series.kind) or next(colors))
+    ax.set_title(panel.title)
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    if panel.key == "accuracy":
+        ax.set_ylim(-0.02, 1.02)
+    handles, labels = ax.get_legend_handles_labels()
+    if right is not None:
+        right.set_ylabel(panel.right_ylabel)
+        right.set_ylim(-0.02, 1.02)
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if len(handles) > 1 or panel.key in ("accuracy", "reward"):
+        ax.legend(handles, labels, loc="best", fontsize=8)
+
+
+def _panel_axes(fig, count: int) -> list:
+    """``count`` axes on a two-column grid sharing the step axis; with an odd count the first spans the top row."""
+    if count == 1:
+        return [fig.add_subplot(1, 1, 1)]
+    rows = (count + 1) // 2
+    grid = fig.add_gridspec(rows, 2)
+    cells = [grid[0, :]] if count % 2 else []
+    cells += [grid[r, c] for r in range(rows) for c in range(2)][2 * len(cells) :]
+    axes = [fig.add_subplot(cell) for cell in cells[:count]]
+    for ax in axes[1:]:
+        ax.sharex(axes[0])
+    return axes
+
+
 def training_figure(history: list[dict], eval_results: dict | None = None, gain: dict | None = None):
-    """The four-panel matplotlib figure (reward, train vs held-out accuracy, loss, reward range).
+    """The training figure: one panel per ``choose_panels`` entry, against the optimizer step.
 
     With ``eval_results`` the held-out curve starts at the before and ends at the after accuracy; with a paired
     ``gain`` (``hf_grpo.evaluation.stats.paired_gain``; by default ``eval_results["gain"]`` when it holds one) the
@@ -188,51 +414,25 @@ def training_figure(history: list[dict], eval_results: dict | None = None, gain:
     notebook keeps its inline plots).
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(11, 7.5))
-    axes = fig.subplots(2, 2)
-    (ax_reward, ax_acc), (ax_loss, ax_band) = axes
-
-    steps, reward = _series(history, "reward")
-    ax_reward.plot(steps, reward, marker=".", color="tab:blue")
-    ax_reward.set_title("Average reward per step")
-
-    steps_acc, acc = _series(history, "accuracy")
-    ax_acc.plot(steps_acc, acc, marker=".", color="tab:green", label="train (sampled)")
-    eval_steps, eval_acc = _series(history, "eval/accuracy")
-    if eval_results:
-        last_step = history[-1]["step"] if history else 0
-        eval_steps = [0, *eval_steps, last_step]
-        eval_acc = [eval_results["before"]["accuracy"], *eval_acc, eval_results["after"]["accuracy"]]
-    if eval_steps:
-        ax_acc.plot(eval_steps, eval_acc, marker="o", color="tab:red", label="held-out (greedy)")
-    if eval_results:
-        gain = _usable_gain(gain if gain is not None else eval_results.get("gain"), eval_results)
-        if gain is not None:
-            _draw_gain(ax_acc, gain, eval_results["before"]["accuracy"], eval_steps[-1])
-    ax_acc.set_title("Accuracy: train vs held-out")
-    ax_acc.set_ylim(-0.02, 1.02)
-    ax_acc.legend(loc="lower right")
-
-    steps_loss, loss = _series(history, "loss")
-    ax_loss.plot(steps_loss, loss, marker=".", color="tab:purple")
-    ax_loss.set_title("Policy loss")
-
-    band = [
-        (r["step"], r["reward/min"], r["reward/max"], r["reward"])
-        for r in history
-        if all(r.get(k) is not None for k in ("reward/min", "reward/max", "reward"))
-    ]
-    if band:
-        s, lo, hi, mean = zip(*band, strict=True)
-        ax_band.fill_between(s, lo, hi, alpha=0.3, color="tab:blue", label="min-max")
-        ax_band.plot(s, mean, color="tab:green", label="mean")
-        ax_band.legend(loc="lower right")
-    ax_band.set_title("Reward range per step")
-
-    for ax in axes.flat:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
+    panels = choose_panels(history, eval_results)
+    rows = max(1, (len(panels) + 1) // 2)
+    fig = Figure(figsize=(11, 1.0 + 3.2 * rows))
+    if not panels:
+        fig.text(0.5, 0.5, "nothing logged yet", ha="center", va="center")
+        return fig
+    for ax, panel in zip(_panel_axes(fig, len(panels)), panels, strict=True):
+        _draw_panel(ax, panel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.get_subplotspec().is_last_row():
+            ax.set_xlabel("optimizer step")
+        if panel.key == "accuracy" and eval_results and any(s.kind == "points" for s in panel.series):
+            usable = _usable_gain(gain if gain is not None else eval_results.get("gain"), eval_results)
+            before = (eval_results.get("before") or {}).get("accuracy")
+            if usable is not None and before is not None:
+                _draw_gain(ax, usable, before, panel.series[-1].steps[-1])
+                ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -23,6 +23,7 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from ..outputs import EVAL_RECORDS
+from ..progress import enabled_for
 from ..rewards.isolation import IsolatedReward, RewardPool, default_num_workers
 from .core import DEFAULT_GRADE_TIMEOUT, EVAL_GRADES, MAX_GRADE_WORKERS, evaluate
 
@@ -62,6 +63,7 @@ class TaskEvaluator:
         self.batch_size = max(args.per_device_eval_batch_size, 8)
         self.periodic_samples = args.task_eval_max_samples
         self.grade_timeout = grade_timeout
+        self.progress = enabled_for(args)  # bars on the main process, off with disable_tqdm (hf_grpo.progress)
         self.pool = pool
         self._own_pool: RewardPool | None = None
 
@@ -93,7 +95,9 @@ class TaskEvaluator:
         n = len(self.dataset) if max_samples is None else min(max_samples, len(self.dataset))
         with state.split_between_processes(list(range(n)), apply_padding=True) as shard:
             subset = self.dataset.select(shard)
-            options = dict(batch_size=self.batch_size, grade_timeout=timeout, pool=pool)
+            options = dict(
+                batch_size=self.batch_size, grade_timeout=timeout, pool=pool, progress=self.progress, label=label
+            )
             if trainer is not None:
                 with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as unwrapped:
                     result = evaluate(unwrapped, tokenizer, subset, self.task, self.max_new_tokens, **options)
@@ -130,12 +134,15 @@ class TaskEvaluator:
 
 
 class _PeriodicEval(TrainerCallback):
-    """Runs the task evaluation every ``task_eval_steps`` optimizer steps and records ``eval/accuracy``."""
+    """Runs the task evaluation every ``task_eval_steps`` optimizer steps and logs ``eval/accuracy``
+    (``hf_grpo.trackers.log_evaluation``)."""
 
     def __init__(self, evaluator: TaskEvaluator, trainer):
         self.evaluator, self.trainer = evaluator, trainer
 
     def on_step_end(self, args, state, control, **kwargs):
+        from ..trackers import log_evaluation
+
         if state.global_step % args.task_eval_steps:
             return
         summary = self.evaluator.run(
@@ -145,5 +152,7 @@ class _PeriodicEval(TrainerCallback):
             trainer=self.trainer,
             max_samples=self.evaluator.periodic_samples,
         )
-        self.trainer.record_metric("eval/accuracy", summary["accuracy"])
+        # A log record of its own: the trackers get it as eval/accuracy (through the trainer's metrics it would
+        # reach them as train/eval/accuracy), training_history.json as before.
+        log_evaluation(self.trainer, {"accuracy": summary["accuracy"]})
         self.trainer.last_task_eval = (state.global_step, summary["accuracy"])

@@ -145,7 +145,7 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
 
 
 def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
-    from ..data.loaders import DataArguments, is_local_file, source_splits
+    from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
     from ..recipe import section_values
     from ..rewards import RewardArguments, reward_name
 
@@ -164,11 +164,10 @@ def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
     for role, (spec, split) in source_splits(data).items():
         if spec["name"] == "arithmetic" or is_local_file(spec["name"]):
             continue  # already on disk
-        if spec["prompt_column"] is None or spec["solution_column"] is None or spec["task"] is None:
+        if spec["task"] is None:
             continue  # the recipe check names what is missing
-        splits.append(
-            SplitSpec(role, spec["name"], split, spec["prompt_column"], spec["solution_column"], spec["task"])
-        )
+        columns = [spec[key] or TRL_COLUMNS[key] for key in ("prompt_column", "solution_column")]  # as the loader
+        splits.append(SplitSpec(role, spec["name"], split, *columns, spec["task"]))
     task = data.resolved()["task"] or "gsm8k"
     family, source = architecture_family(model)
     style = answer_style([reward_name(r) for r in rewards], task, data.prompt_style)

@@ -135,6 +135,21 @@ def trl_reward_names() -> tuple[str, ...]:
     return tuple(names)
 
 
+# open-r1's reward registry names (src/open_r1/rewards.py) and what takes their place here. Not aliases: the
+# replacements grade differently in details (what counts as unparseable, the exact tags), so the user chooses.
+OPEN_R1_REWARDS = {
+    "accuracy": "use accuracy_reward (TRL's math-verify reward on the solution column) or math_correctness (the same "
+    "grading, with unparseable answers counted apart from wrong ones)",
+    "format": "use r1_zero_format (1.0 for <think>...</think> <answer>...</answer>)",
+    "tag_count": "think_format (exactly one leading <think>...</think> block) is the closest; or your own as "
+    "module.path:function",
+    "cosine": "use get_cosine_scaled_reward (TRL's)",
+    "repetition_penalty": "use get_repetition_penalty_reward (TRL's)",
+    "soft_overlong_punishment": "use soft_overlong, or TRL's get_soft_overlong_punishment",
+    "reasoning_steps": "no built-in equivalent: add yours as module.path:function",
+}
+
+
 def resolve_reward(name: str) -> Callable:
     """The function a recipe's reward name refers to; ``RewardLoadError`` (with a did-you-mean) when there is none.
 
@@ -155,6 +170,8 @@ def resolve_reward(name: str) -> Callable:
     if "." in name:
         module_name, _, attr = name.rpartition(".")
         return _import_reward(name, module_name, attr)
+    if name in OPEN_R1_REWARDS:
+        raise RewardLoadError(f"reward_funcs: {name!r} is open-r1's name: {OPEN_R1_REWARDS[name]}")
     close = _close_matches(name, [*REWARD_FUNCS, *trl_reward_names()])
     raise RewardLoadError(
         f"reward_funcs: unknown reward {name!r}{f' (did you mean {close}?)' if close else ''}. Use a built-in reward "

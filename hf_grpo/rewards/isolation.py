@@ -693,6 +693,7 @@ class IsolatedReward:
         self._reported: set[str] = set()
         self._warned_timeout = False
         self._failed_calls = 0
+        self.last_nan = 0  # NaN rewards the function returned in the last call
         pool.counters.setdefault(name, {"timeouts": 0, "errors": 0})
 
     def __repr__(self) -> str:
@@ -717,7 +718,12 @@ class IsolatedReward:
         results = self.pool.map(functools.partial(_score_one, self.fn, context), items, self.timeout)
         self._account(results, completions, kwargs.get("log_metric"), sample=items[0] if items else None)
         self._replay([r.value if r.ok else None for r in results], kwargs.get("log_metric"), kwargs.get("log_extra"))
-        return [r.value[0] if r.ok else None for r in results]
+        rewards = [r.value[0] if r.ok else None for r in results]
+        nan = [i for i, value in enumerate(rewards) if value is not None and math.isnan(value)]
+        self.last_nan = len(nan)  # the trainer counts them in rewards/<name>/nonfinite (after TRL, NaN is None)
+        for i in nan:
+            rewards[i] = None
+        return rewards
 
     @staticmethod
     def _replay(outputs: list, log_metric, log_extra) -> None:
