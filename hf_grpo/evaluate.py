@@ -217,8 +217,8 @@ def check_data_file(name: str | None) -> None:
 
 
 def check_split(data, split: str | None) -> None:
-    """``split`` exists in the dataset. The loader reads any split but ``train`` of the embedded arithmetic data as
-    its test split, and a local file whole (as ``train``), so an unknown split would pass silently."""
+    """``split`` exists in the dataset, checked before the model loads: a local file is read whole (as ``train``), so
+    an unknown split would otherwise pass silently, and the loader's own error for arithmetic comes after loading."""
     from .data.loaders import is_local_file
 
     if split is None:

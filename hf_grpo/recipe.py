@@ -1021,6 +1021,9 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         if not _coerce(parsed, hint)[0] and raw is not None and _coerce(raw, hint)[0]:
             parsed = raw  # a string field given something YAML reads as another type, e.g. `--run_name 2024`
         values[key] = check_value(key, parsed, hint, f, f"command line --{key}")
+    if raw_overrides:  # the checks below span several keys: say which of them the command line set
+        given = " ".join(f"--{key}" for key in raw_overrides)
+        where = f"{where} (with {given} from the command line)"
     sources = {key: "command line" if key in raw_overrides else from_file for key in values}
     sources.update({key: from_file for key in NESTED if nested[key]})
     sources.update({key: "command line" for key in raw_overrides if key.partition(".")[0] in NESTED})

@@ -370,3 +370,13 @@ def test_a_hub_dataset_without_the_columns_stops_before_the_model_loads(tmp_path
     line = assert_refused(argv, capsys, "prompt_column is not set")
     assert "data:" in line and "foo/bar" in line
     assert not (out / "base_model").exists()  # the embedded model is saved there once built: it never was
+
+
+def test_the_arithmetic_loader_refuses_a_split_it_does_not_have():
+    """Issue 11 #7: any split name but train was read as the held-out split of the embedded data."""
+    from hf_grpo.data.loaders import DataArguments, _load_raw
+
+    args = DataArguments(dataset_name="arithmetic", arithmetic_eval_size=16)
+    assert len(_load_raw("arithmetic", None, "test", args, 0)) == 16
+    with pytest.raises(ValueError, match="has the splits 'train' and 'test', not 'validation'"):
+        _load_raw("arithmetic", None, "validation", args, 0)

@@ -208,8 +208,10 @@ def local_builder(path: str) -> str:
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
     """One split of a preset, hub or local dataset, unformatted."""
     if name == "arithmetic":
+        if split not in ("train", "test"):
+            raise ValueError(f"dataset 'arithmetic' has the splits 'train' and 'test', not {split!r}")
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
-        return Dataset.from_list(arithmetic.make_split("train" if split == "train" else "test", size, seed))
+        return Dataset.from_list(arithmetic.make_split(split, size, seed))
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")
     if mirror is not None:  # a local copy of this hub split (same schema), e.g. a miniature's
         return load_dataset(local_builder(mirror), data_files=mirror, split="train")
