@@ -82,8 +82,8 @@ def save_recipe(recipe: Recipe) -> None:
     out.mkdir(parents=True, exist_ok=True)
     header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
     (out / RECIPE_FILE).write_text(header + yaml.safe_dump(recipe.values, sort_keys=False))
+    from .card import library_versions
     from .evaluation.history import write_json
-    from .hub import library_versions
 
     write_json(out / VERSIONS_FILE, library_versions())
 
@@ -198,7 +198,7 @@ def run(recipe: Recipe) -> dict:
             )
         write_report(args.output_dir)
         trackers.log_story(trainer)  # before/after, gain, plot and recipe to wandb / trackio / tensorboard
-        from .hub import write_local_card
+        from .card import write_local_card
 
         write_local_card(args.output_dir)  # our model card replaces the blank README.md PEFT's save_pretrained leaves
         logger.info("outputs in %s", args.output_dir)

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from hf_grpo import hub
+from hf_grpo.card import model_card
 from hf_grpo.evaluation import report, stats
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
 
@@ -333,7 +333,7 @@ def test_figure_shows_the_difference_with_its_interval(tmp_path):
 
 def test_model_card_shows_interval_counts_and_verdict(tmp_path):
     out = fake_run(tmp_path / "run", *NOISY)
-    card = hub.model_card(out, "me/tiny-grpo")
+    card = model_card(out, "me/tiny-grpo")
     assert NOISY_ROW in card and NOISY_COUNTS in card
     assert "The 95% interval of the difference includes zero" in card
     assert (
@@ -341,9 +341,9 @@ def test_model_card_shows_interval_counts_and_verdict(tmp_path):
     )
     assert card.index(NOISY_COUNTS) < card.index("includes zero") < card.index("## Usage")
 
-    clear = hub.model_card(fake_run(tmp_path / "clear", *CLEAR), "me/tiny-grpo")
+    clear = model_card(fake_run(tmp_path / "clear", *CLEAR), "me/tiny-grpo")
     assert "+14.0 points (95% CI +8.5 to +19.2)" in clear and "excludes zero" in clear
 
-    bare = hub.model_card(fake_run(tmp_path / "bare", *NOISY, jsonl=False), "me/tiny-grpo")
+    bare = model_card(fake_run(tmp_path / "bare", *NOISY, jsonl=False), "me/tiny-grpo")
     assert "| accuracy | 40.0% | 43.5% | +3.5 points |" in bare
     assert "95% CI" not in bare and "paired difference" not in bare and "43.5% after." in bare

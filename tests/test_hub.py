@@ -18,6 +18,7 @@ from huggingface_hub import ModelCard, constants
 from safetensors.torch import load_file, save_file
 
 from hf_grpo import hub
+from hf_grpo.card import model_card, pick_samples
 from hf_grpo.evaluation.report import eval_table
 from hf_grpo.train import main as train_main
 
@@ -177,13 +178,13 @@ def test_card_metadata_for_a_hub_base_and_dataset(tmp_path):
     (tmp_path / "recipe.yaml").write_text(
         "model_name_or_path: Qwen/Qwen2.5-Math-1.5B\ndataset_name: gsm8k\nreward_funcs: [gsm8k_correctness]\n"
     )
-    card = hub.model_card(tmp_path, "me/qwen-grpo")
+    card = model_card(tmp_path, "me/qwen-grpo")
     meta = yaml.safe_load(card.split("---\n")[1])
     assert meta["base_model"] == "Qwen/Qwen2.5-Math-1.5B" and meta["datasets"] == ["openai/gsm8k"]
     assert 'AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-Math-1.5B")' in card
     assert "no before/after evaluation" in card
 
-    merged = yaml.safe_load(hub.model_card(tmp_path, "me/qwen-grpo", merged=True).split("---\n")[1])
+    merged = yaml.safe_load(model_card(tmp_path, "me/qwen-grpo", merged=True).split("---\n")[1])
     assert merged["library_name"] == "transformers" and merged["base_model_relation"] == "merge"
 
 
@@ -506,7 +507,7 @@ def test_model_index_from_settings_or_from_an_older_runs_recipe(tmp_path):
     settings = {"task": "gsm8k", "dataset": "openai/gsm8k", "dataset_config": "main", "split": "test"}
     settings.update(num_problems=10, decoding="greedy", max_new_tokens=512, prompt_style="chat")
     _fake_run(tmp_path, HUB_RECIPE, _results(3, 6, settings))
-    card = hub.model_card(tmp_path, "me/qwen-grpo")
+    card = model_card(tmp_path, "me/qwen-grpo")
     data = ModelCard(card).data
     assert data.base_model == "Qwen/Qwen2.5-Math-1.5B" and data.datasets == ["openai/gsm8k"]
     assert "license" not in data.to_dict() and "Not set. This model derives from" in card
@@ -519,16 +520,16 @@ def test_model_index_from_settings_or_from_an_older_runs_recipe(tmp_path):
     assert "someone" not in card and "# resolved from qwen.yaml and the command line" in card
     assert "\noutput_dir: qwen\n" in card
 
-    assert ModelCard(hub.model_card(tmp_path, "me/qwen-grpo", license="mit")).data.license == "mit"
+    assert ModelCard(model_card(tmp_path, "me/qwen-grpo", license="mit")).data.license == "mit"
 
     # a local data file is named by its file name only
     _fake_run(tmp_path, HUB_RECIPE, _results(3, 6, {**settings, "dataset": "/data/x/problems.jsonl"}))
-    (result, _) = ModelCard(hub.model_card(tmp_path, "me/qwen-grpo")).data.eval_results
+    (result, _) = ModelCard(model_card(tmp_path, "me/qwen-grpo")).data.eval_results
     assert (result.dataset_type, result.dataset_name) == ("problems.jsonl", "problems.jsonl (local file)")
 
     # an older run without "settings": the dataset comes from the recipe
     _fake_run(tmp_path, HUB_RECIPE, _results(3, 6))
-    (after, before) = ModelCard(hub.model_card(tmp_path, "me/qwen-grpo")).data.eval_results
+    (after, before) = ModelCard(model_card(tmp_path, "me/qwen-grpo")).data.eval_results
     assert (after.dataset_type, after.dataset_split, after.metric_value, before.metric_value) == (
         "openai/gsm8k",
         "test",
@@ -538,14 +539,14 @@ def test_model_index_from_settings_or_from_an_older_runs_recipe(tmp_path):
 
     # no evaluation at all: no model-index (and no stray model_name key)
     (tmp_path / "eval_results.json").unlink()
-    meta = ModelCard(hub.model_card(tmp_path, "me/qwen-grpo")).data.to_dict()
+    meta = ModelCard(model_card(tmp_path, "me/qwen-grpo")).data.to_dict()
     assert "model-index" not in meta and "model_name" not in meta and "metrics" not in meta
 
 
 def test_sample_picking_prefers_fixed_problems_and_tops_up():
     records = [{"index": i, "grade": "correct" if i % 3 == 0 else "wrong"} for i in range(12)]  # 0 3 6 9 correct
     before = {0: "correct", 3: "correct", 6: "wrong", 9: "wrong"}
-    picked = hub.pick_samples(records, before)
+    picked = pick_samples(records, before)
     assert [r["index"] for r in picked] == [6, 9, 0, 1, 2]  # wrong -> right first, then in held-out order
-    assert [r["index"] for r in hub.pick_samples(records[:4])] == [0, 3, 1, 2]  # 2 right, 2 wrong: all of them
-    assert len(hub.pick_samples([{"index": i, "grade": "wrong"} for i in range(9)])) == 5  # no right: 5 wrong
+    assert [r["index"] for r in pick_samples(records[:4])] == [0, 3, 1, 2]  # 2 right, 2 wrong: all of them
+    assert len(pick_samples([{"index": i, "grade": "wrong"} for i in range(9)])) == 5  # no right: 5 wrong
