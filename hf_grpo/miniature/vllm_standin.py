@@ -5,8 +5,8 @@
     vllm_standin.activate()           # first: before anything imports vllm, trl's GRPOTrainer or hf_grpo.trainer
     vllm_standin.patch_trl_for_cpu()  # only for TRL's server mode with full weight sync (VLLMClient.init_communicator)
 
-The stand-in (``STANDIN_DIR/vllm``, with ``STANDIN_DIR/vllm-0.31.0.dist-info`` so that ``importlib.metadata.version
-("vllm")`` answers 0.31.0, inside the 0.22-0.31 range TRL 1.16 accepts) implements what TRL 1.16 imports and calls:
+The stand-in (``STANDIN_DIR/vllm``, with ``STANDIN_DIR/vllm-0.30.0.dist-info`` so that ``importlib.metadata.version
+("vllm")`` answers 0.30.0, inside the 0.22-0.31 range TRL 1.16 accepts) implements what TRL 1.16 imports and calls:
 ``vllm.LLM`` and friends for the colocate mode (a transformers model on the CPU, ``hf_grpo.miniature.engine``), and
 ``get_ip``, ``trainer_init`` and ``packed_nccl_broadcast_producer`` for the server mode, whose NCCL group becomes TCP
 on 127.0.0.1 to ``hf_grpo.miniature.vllm_server`` (``hf_grpo.miniature.transport``). Each module of the stand-in says
@@ -39,7 +39,7 @@ from types import ModuleType
 
 
 STANDIN_DIR = Path(__file__).resolve().parent / "standin"
-STANDIN_VERSION = "0.31.0"
+STANDIN_VERSION = "0.30.0"
 _PATCH_MARK = "__hf_grpo_cpu_patch__"
 # A symbol each TRL module binds only when it found vllm at import time.
 _TRL_MODULES = {"trl.generation.vllm_client": "get_ip", "trl.generation.vllm_generation": "LLM"}

@@ -1,8 +1,8 @@
-"""hf_grpo's CPU stand-in for the ``vllm`` package, claiming vLLM 0.31.0. It is not vLLM.
+"""hf_grpo's CPU stand-in for the ``vllm`` package, claiming vLLM 0.30.0. It is not vLLM.
 
 It is importable only after ``hf_grpo.miniature.vllm_standin.activate()`` has put its parent directory first on
 ``sys.path`` (miniature runs and tests do that; a plain ``import hf_grpo`` never does). It provides what TRL 1.16
-imports and calls, under vLLM 0.31's module paths and names: ``LLM``, ``SamplingParams``, ``RequestOutput``,
+imports and calls, under vLLM 0.30's module paths and names: ``LLM``, ``SamplingParams``, ``RequestOutput``,
 ``CompletionOutput`` (here and in their own modules), ``vllm.sampling_params.StructuredOutputsParams``,
 ``vllm.logprobs.Logprob``, ``vllm.utils.network_utils.get_ip``, and the trainer side of the weight transfer
 (``vllm.distributed.weight_transfer.nccl_common.trainer_init`` and

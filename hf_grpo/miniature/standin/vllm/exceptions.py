@@ -1,4 +1,4 @@
-"""vLLM 0.31's exception classes that the stand-in raises (``vllm/exceptions.py``)."""
+"""vLLM 0.30's exception classes that the stand-in raises (``vllm/exceptions.py``)."""
 
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""vLLM 0.31's logprob containers (``vllm/logprobs.py``): ``Logprob`` and the per-position dict layout.
+"""vLLM 0.30's logprob containers (``vllm/logprobs.py``): ``Logprob`` and the per-position dict layout.
 
 ``CompletionOutput.logprobs`` is a list with one ``dict[token_id, Logprob]`` per generated token, holding the
 sampled token and the top-k ones (the stand-in does not implement ``FlatLogprobs``, vLLM's ``flat_logprobs=True``).

@@ -1,4 +1,4 @@
-"""vLLM 0.31's generation outputs (``vllm/outputs.py``): ``RequestOutput`` holding ``CompletionOutput``s."""
+"""vLLM 0.30's generation outputs (``vllm/outputs.py``): ``RequestOutput`` holding ``CompletionOutput``s."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""vLLM 0.31's ``SamplingParams`` and ``StructuredOutputsParams`` (``vllm/sampling_params.py``) for the stand-in.
+"""vLLM 0.30's ``SamplingParams`` and ``StructuredOutputsParams`` (``vllm/sampling_params.py``) for the stand-in.
 
 ``SamplingParams`` has vLLM's fields and defaults, normalises as vLLM does (``seed=-1`` -> None, ``stop`` as a list,
 ``logprobs=True`` -> 1, 0 < temperature < 0.01 raised to 0.01, greedy resets top_p/top_k/min_p) and refuses the
@@ -71,7 +71,7 @@ class StructuredOutputsParams:
 
 @dataclass
 class SamplingParams:
-    """Sampling parameters for one request, as in vLLM 0.31 (the fields below, with its defaults)."""
+    """Sampling parameters for one request, as in vLLM 0.30 (the fields below, with its defaults)."""
 
     n: int = 1
     presence_penalty: float = 0.0

@@ -1,4 +1,4 @@
-"""The vLLM version hf_grpo's CPU stand-in claims (its ``vllm-0.31.0.dist-info`` says the same)."""
+"""The vLLM version hf_grpo's CPU stand-in claims (its ``vllm-0.30.0.dist-info`` says the same)."""
 
-__version__ = "0.31.0"
-__version_tuple__ = (0, 31, 0)
+__version__ = "0.30.0"
+__version_tuple__ = (0, 30, 0)

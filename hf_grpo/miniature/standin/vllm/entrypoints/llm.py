@@ -1,4 +1,4 @@
-"""vLLM 0.31's offline ``LLM`` (``vllm/entrypoints/llm.py``) for the stand-in: a transformers model on the CPU.
+"""vLLM 0.30's offline ``LLM`` (``vllm/entrypoints/llm.py``) for the stand-in: a transformers model on the CPU.
 
 ``LLM(model=DIR, ...)`` loads the model directory with transformers (float32) and samples with
 ``hf_grpo.miniature.engine`` (vLLM's processing order, raw or processed logprobs, per-request seeds; unseeded
@@ -235,7 +235,7 @@ class LLMEngine:
 
 
 class LLM:
-    """An LLM on the CPU with vLLM 0.31's offline interface (see the module docstring for what is honoured)."""
+    """An LLM on the CPU with vLLM 0.30's offline interface (see the module docstring for what is honoured)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""vLLM 0.31's prompt shapes accepted by ``LLM.generate`` (``vllm/inputs``): token ids or text."""
+"""vLLM 0.30's prompt shapes accepted by ``LLM.generate`` (``vllm/inputs``): token ids or text."""
 
 from typing import TypedDict
 

@@ -1,4 +1,4 @@
-"""vLLM 0.31's ``get_ip`` / ``get_open_port`` (``vllm/utils/network_utils.py``), for loopback only.
+"""vLLM 0.30's ``get_ip`` / ``get_open_port`` (``vllm/utils/network_utils.py``), for loopback only.
 
 vLLM's ``get_ip`` returns ``VLLM_HOST_IP`` or the address of the default route; TRL sends it as the weight transfer
 rendezvous address. The stand-in's transport listens on loopback only, so ``get_ip`` returns ``127.0.0.1`` (and

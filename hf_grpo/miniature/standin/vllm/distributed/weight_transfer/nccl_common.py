@@ -1,4 +1,4 @@
-"""``trainer_init`` of vLLM 0.31 (``vllm/distributed/weight_transfer/nccl_common.py``), over TCP instead of NCCL.
+"""``trainer_init`` of vLLM 0.30 (``vllm/distributed/weight_transfer/nccl_common.py``), over TCP instead of NCCL.
 
 ``trainer_init(init_info, rank=0)`` takes a dict (or an object) with ``master_address``, ``master_port`` and
 ``world_size``, opens the rendezvous as rank 0 and returns once the ``world_size - 1`` workers have joined, as vLLM's

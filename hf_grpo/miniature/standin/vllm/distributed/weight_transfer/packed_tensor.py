@@ -1,4 +1,4 @@
-"""vLLM 0.31's packed broadcast (``vllm/distributed/weight_transfer/packed_tensor.py``) over the stand-in transport.
+"""vLLM 0.30's packed broadcast (``vllm/distributed/weight_transfer/packed_tensor.py``) over the stand-in transport.
 
 ``packed_nccl_broadcast_producer(iterator, group, src, post_iter_func, buffer_size_bytes, num_buffers)`` packs the
 tensors into uint8 buffers of about ``buffer_size_bytes`` (vLLM's rule: add tensors until the total exceeds it) and
