@@ -17,10 +17,11 @@ What it measures, and how (the output says it again next to the numbers):
 - Sampling: ``--temperature`` (default 1.0; the tiny recipe trains at 0.7), top_p 1, no top-k, n = the recipe's
   num_generations, max tokens = its max_completion_length, stop at EOS. vLLM: one ``POST /v1/completions`` per round
   through ``hf_grpo.generation.vllm_client.VLLMServerClient.generate`` (token-id prompts, logprobs 0,
-  return_token_ids, stop_token_ids [EOS]), twice: ``vllm-seeded`` sends a per-request seed as the trainer's
-  ``ServerGenerator`` does (``request_seed``), ``vllm-unseeded`` sends none (the server's ``--seed 0`` stream). vLLM
-  gives sample i of EVERY prompt in a request seed + i, so seeded samples share their noise across prompts (the
-  ``distinct`` column shows it). HF: one ``model.generate`` on the whole left-padded batch, ``do_sample=True``,
+  return_token_ids, stop_token_ids [EOS]), three ways: ``vllm-per-prompt`` sends each prompt as a request of its own
+  with seed ``request_seed + j * n``, concurrently, as the trainer's ``ServerGenerator`` does; ``vllm-seeded`` sends
+  the whole batch in one request with one seed (its scheme before issue 23 #3); ``vllm-unseeded`` sends no seed (the
+  server's ``--seed 0`` stream). vLLM gives sample i of EVERY prompt in a request seed + i, so one seed per batch
+  makes samples share their noise across prompts (the ``distinct`` column shows it). HF: one ``model.generate`` on the whole left-padded batch, ``do_sample=True``,
   ``num_return_sequences=n``, ``top_k=0``, ``max_new_tokens``, pad/eos from the tokenizer, ``torch.manual_seed``.
 - Timing: ``time.perf_counter`` around the client call (HTTP, JSON, the server's detokenization included) and around
   padding + ``model.generate`` under ``torch.no_grad`` (no decoding). One warm-up round per engine is not counted,
@@ -165,11 +166,14 @@ def server_cpu_seconds(proc: subprocess.Popen) -> float:
     return total
 
 
-def vllm_round(client, prompts, n, max_tokens, temperature, seed, eos) -> tuple[float, list[list[int]]]:
+def vllm_round(client, prompts, n, max_tokens, temperature, seed, eos, per_prompt=False) -> tuple[float, list]:
+    """One round; ``per_prompt``: each prompt a request of its own with seed + j * n (what ServerGenerator sends)."""
+    seeds = [seed + j * n for j in range(len(prompts))] if per_prompt else None
     start = time.perf_counter()
     out = client.generate(
-        prompts, n=n, max_tokens=max_tokens, temperature=temperature, top_p=1.0, seed=seed, stop_token_ids=[eos]
-    )
+        prompts, n=n, max_tokens=max_tokens, temperature=temperature, top_p=1.0, stop_token_ids=[eos],
+        seed=None if per_prompt else seed, seeds=seeds,
+    )  # fmt: skip
     seconds = time.perf_counter() - start
     assert out.usage.get("completion_tokens") == sum(len(c) for c in out.completion_ids), out.usage
     return seconds, out.completion_ids
@@ -196,7 +200,7 @@ def run_rounds(args, engines: dict, prompt_sets, recipe, proc) -> dict:
     hf_server_cpu = [0.0, 0.0]  # server CPU seconds during HF rounds, HF wall seconds
     for k, (prompts, golds) in enumerate(prompt_sets):
         for name, engine in engines.items():
-            seed = request_seed(train.seed, k, 0, 0) if name == "vllm-seeded" else train.seed + k
+            seed = request_seed(train.seed, k, 0, 0) if name.startswith("vllm-") else train.seed + k
             cpu_before = server_cpu_seconds(proc)
             seconds, completions = engine(prompts, train.num_generations, train.max_completion_length,
                                           args.temperature, seed)  # fmt: skip
@@ -273,6 +277,7 @@ def measure(args, recipe, tokenizer, model_dir, client, proc, prompt_sets) -> in
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
     engines = {
+        "vllm-per-prompt": lambda p, n, m, t, s: vllm_round(client, p, n, m, t, s, eos, per_prompt=True),
         "vllm-seeded": lambda p, n, m, t, s: vllm_round(client, p, n, m, t, s, eos),
         "vllm-unseeded": lambda p, n, m, t, s: vllm_round(client, p, n, m, t, None, eos),
         "hf": lambda p, n, m, t, s: hf_round(model, tokenizer, p, n, m, t, s),
@@ -284,7 +289,7 @@ def measure(args, recipe, tokenizer, model_dir, client, proc, prompt_sets) -> in
     print(f"{'engine':13s} {'median s':>9s} {'min s':>8s} {'completions/s':>14s} {'tokens/s':>10s} "
           f"{'mean len':>9s} {'distinct':>9s} {'correct':>8s}")  # fmt: skip
     rows = {name: report(name, results[name], n, tokenizer) for name in engines}
-    for name in ("vllm-seeded", "vllm-unseeded"):
+    for name in ("vllm-per-prompt", "vllm-seeded", "vllm-unseeded"):
         print(f"ratio {name}/hf: completions/s {rows[name]['completions_s'] / rows['hf']['completions_s']:.2f}x, "
               f"tokens/s {rows[name]['tokens_s'] / rows['hf']['tokens_s']:.2f}x")  # fmt: skip
     cpu_s, wall_s = results["hf_server_cpu"]

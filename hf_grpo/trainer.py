@@ -42,7 +42,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections import defaultdict
 from typing import ClassVar
@@ -55,7 +54,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id
 
-from .checkpoints import write_manifest
+from .checkpoints import keep_best, write_manifest
 from .config import HfGRPOConfig
 from .progress import DeferredBar, enabled_for
 from .rewards.isolation import DEFAULT_MAX_FAILED_CALLS, RewardFailedError
@@ -65,7 +64,6 @@ from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, k
 logger = logging.getLogger(__name__)
 
 ZERO_REWARD_PATIENCE = 20  # generation batches of all-zero rewards before a loud warning
-SCORES_FILE = "checkpoint_scores.json"
 STATE_FILE = "hf_grpo_state_rank{rank}.json"
 POOL_FILE = "hf_grpo_pool_rank{rank}.safetensors"
 
@@ -285,27 +283,15 @@ class GRPOTrainer(trl.GRPOTrainer):
         self.record_metric("time/checkpoint", time.perf_counter() - start)
 
     def _keep_best_checkpoints(self, trial) -> None:
-        """Score the checkpoint just saved by this step's held-out accuracy; delete all but the ``keep_top_k`` best."""
-        step, accuracy = self.last_task_eval if self.last_task_eval is not None else (None, None)
-        if step != self.state.global_step:
-            raise RuntimeError(
-                f"keep_top_k: no task evaluation at step {self.state.global_step} to rank its checkpoint"
-            )
-        run_dir = self._get_output_dir(trial=trial)
-        scores_path = os.path.join(run_dir, SCORES_FILE)
-        scores = {}
-        if os.path.exists(scores_path):
-            with open(scores_path) as f:
-                scores = json.load(f)
-        scores[f"{PREFIX_CHECKPOINT_DIR}-{step}"] = accuracy
-        ranked = sorted(scores, key=lambda name: (scores[name], int(name.rsplit("-", 1)[1])), reverse=True)
-        if self.args.should_save:  # after _save_checkpoint's barrier: no process still writes into what is deleted
-            for name in ranked[self.args.keep_top_k :]:
-                shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
-            kept = {name: scores[name] for name in ranked[: self.args.keep_top_k]}
-            with open(scores_path, "w") as f:
-                json.dump(kept, f, indent=2)
-            logger.info("keep_top_k: kept %s", ", ".join(f"{n} ({a:.3f})" for n, a in kept.items()))
+        """Score the checkpoint just saved by this step's held-out accuracy; delete all but the ``keep_top_k`` best
+        (``checkpoints.keep_best``). Main process only, after ``_save_checkpoint``'s barrier: no process still
+        writes into what is deleted."""
+        if not self.args.should_save:
+            return
+        step = self.state.global_step
+        evaluated = self.last_task_eval is not None and self.last_task_eval[0] == step
+        score = self.last_task_eval[1] if evaluated else None
+        keep_best(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}", score, self.args.keep_top_k)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Scoring

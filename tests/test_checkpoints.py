@@ -196,3 +196,29 @@ def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and
     history = json.loads((out / "training_history.json").read_text())
     assert [r["step"] for r in history if "reward" in r][-4:] == [3, 4, 5, 6]
     assert problem(out / "checkpoint-4", 2) is None and problem(out / "checkpoint-6", 2) is None
+
+
+def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_path):
+    """Issue 23 #1: a checkpoint without a task evaluation no longer stops the run; it is kept unranked while it is
+    the newest (to resume from) and deleted with the ranked-out ones after that."""
+    from hf_grpo.checkpoints import SCORES_FILE, keep_best
+
+    def save(step: int, score):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        return keep_best(tmp_path, f"checkpoint-{step}", score, keep=1)
+
+    assert save(2, 0.5) == {"checkpoint-2": 0.5}
+    assert save(3, None) == {"checkpoint-2": 0.5, "checkpoint-3": None}  # the last step, not evaluated
+    assert save(4, 0.25) == {"checkpoint-2": 0.5}  # checkpoint-3 was unranked and is no longer the newest
+    assert save(6, 0.75) == {"checkpoint-6": 0.75}
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"]
+    assert json.loads((tmp_path / SCORES_FILE).read_text()) == {"checkpoint-6": 0.75}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_checkpoint_path_with_a_tilde_is_expanded(run_dir, monkeypatch):
+    """Issue 23 #8: `resume_from_checkpoint: ~/...` was refused, its message naming the same checkpoint as the
+    newest complete one."""
+    monkeypatch.setenv("HOME", str(run_dir.parent))
+    resumed = resolve_resume(f"~/{run_dir.name}/checkpoint-3", str(run_dir), 1)
+    assert resumed == str(run_dir / "checkpoint-3")

@@ -275,6 +275,32 @@ def _fake_trainer(step: int, process: int):
     )
 
 
+def test_each_prompt_gets_its_own_seed_on_the_wire_and_runs_reproduce(policy_dir, tmp_path, monkeypatch):
+    """Issue 23 #3: one seed per request gave the i-th sample of every prompt the same seed + i (vLLM's rule), so
+    samples were correlated across prompts. Each prompt is now a request of its own with its own seed range."""
+    bodies, send = [], requests.Session.request
+
+    def record(self, method, url, **kwargs):
+        if url.endswith("/v1/completions"):
+            bodies.append(kwargs["json"])
+        return send(self, method, url, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "request", record)
+    prompts = [[5, 6, 7, 8]] * 4 + [[9, 10, 11]] * 4  # two groups of 4 on one process
+    with start_in_thread(policy_dir) as server:
+        runs = []
+        for _ in range(2):  # the same seed twice: the same samples
+            generator = ServerGenerator(server.url, tmp_path / "adapters", seed=0)
+            runs.append(generator.generate(_fake_trainer(0, 0), prompts, 4))
+            generator.client.close()
+    first = sorted(bodies[:2], key=lambda b: b["seed"])  # sent concurrently: in any order
+    assert [b["prompt"] for b in first] == [[[5, 6, 7, 8]], [[9, 10, 11]]] and all(b["n"] == 4 for b in first)
+    sample_seeds = [{b["seed"] + i for i in range(4)} for b in first]  # vLLM: sample i draws with seed + i
+    assert not sample_seeds[0] & sample_seeds[1], "two prompts' samples share seeds"
+    assert sorted(b["seed"] for b in bodies[2:]) == [b["seed"] for b in first]
+    assert runs[0] == runs[1]
+
+
 def test_seeded_requests_never_share_samples_across_processes_rounds_or_steps(policy_dir, tmp_path):
     """Issue 14 #2: seed = base + 1000 * step + process made process 1's sample j repeat process 0's sample j + 1
     (vLLM seeds sample i with seed + i), and every round of a step repeat the first. Seeds are now spaced apart."""
@@ -283,7 +309,7 @@ def test_seeded_requests_never_share_samples_across_processes_rounds_or_steps(po
     with start_in_thread(policy_dir) as server:
         generator = ServerGenerator(server.url, tmp_path / "adapters", seed=0)
         sent, original = [], generator.client.generate
-        generator.client.generate = lambda *a, **kw: sent.append(kw["seed"]) or original(*a, **kw)
+        generator.client.generate = lambda *a, **kw: sent.extend(kw.get("seeds") or []) or original(*a, **kw)
         prompt = [[5, 6, 7, 8]] * 4  # one group of 4 on each process
         rows = {}
         for step, process, round_ in [(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 0, 0)]:
@@ -801,3 +827,16 @@ def test_importance_sampling_correction_engages_against_bf16_numerics(policy_dir
         assert gap < 1e-4 and ratio_min > 0.999, record
     else:
         assert gap > 1e-3 and ratio_min < 0.999, record
+
+
+def test_a_server_already_on_the_port_is_not_taken_for_ours(policy_dir, tmp_path):
+    """Issue 23 #6: a leftover server answering /health on the port passed for the one being started."""
+    from hf_grpo.generation.server import ServerStartError, VLLMServerProcess
+
+    with start_in_thread(policy_dir) as leftover:
+        slow = [sys.executable, "-c", "import time; time.sleep(60)"]  # ours, still loading its model
+        server = VLLMServerProcess(slow, {}, leftover.url, tmp_path / "server.log", timeout_s=30)
+        start = time.monotonic()
+        with pytest.raises(ServerStartError, match=r"already accepts connections .* set generation.port"):
+            server.__enter__()
+        assert time.monotonic() - start < 10 and server.process is None  # refused before starting anything

@@ -220,3 +220,30 @@ def test_keep_top_k_keeps_the_best_checkpoints_by_held_out_accuracy(tmp_path):
     best = sorted(measured, key=lambda s: (measured[s], s), reverse=True)[:2]
     assert set(scores) == {f"checkpoint-{s}" for s in best}
     assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted(scores)
+
+
+def test_keep_top_k_keeps_an_unevaluated_last_checkpoint_unranked(tmp_path):
+    """Issue 23 #1: transformers saves at the last step whatever save_steps is; with no task evaluation there, the
+    run crashed before writing its adapter and evaluation. Now that checkpoint is kept unranked (to resume from)."""
+    from hf_grpo.train import train
+
+    out = tmp_path / "topk-last"
+    train(
+        "recipes/tiny.yaml",
+        output_dir=str(out),
+        max_steps=3,
+        warm_start_steps=60,
+        per_device_train_batch_size=32,
+        arithmetic_eval_size=16,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        task_eval_steps=2,
+        keep_top_k=1,
+        eval_before_after=False,
+    )
+    scores = json.loads((out / "checkpoint_scores.json").read_text())
+    assert scores.keys() == {"checkpoint-2", "checkpoint-3"} and scores["checkpoint-3"] is None
+    assert isinstance(scores["checkpoint-2"], float)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert (out / "adapter_model.safetensors").is_file()  # the run reached its end

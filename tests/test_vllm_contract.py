@@ -74,7 +74,7 @@ def server_url(request, tiny, tmp_path_factory):
         gpu_memory_utilization=0.1,
         max_model_len=MAX_MODEL_LEN,
         serve_command=find_vllm().serve_command(),
-        extra_args=["--served-model-name", SERVED],
+        extra_args=[*find_vllm().server_flags(), "--served-model-name", SERVED],  # as the launcher adds them
     )
     cmd, env = server_command(gen, str(tiny[2]), "lora", lora_r=MAX_LORA_RANK, dtype="float32", seed=0)
     log = tmp_path_factory.mktemp("vllm-log") / "vllm_server.log"
@@ -287,3 +287,12 @@ def test_adapter_refusals(client, tiny, tmp_path):
         client.load_lora_adapter("wide", tmp_path / "wide")
     assert info.value.status == 500 and f"greater than max_lora_rank {MAX_LORA_RANK}" in str(info.value)
     assert [c["id"] for c in client.models()] == [SERVED]  # nothing half-loaded
+
+
+def test_a_seeded_batch_larger_than_one_scheduler_step(client, tiny):
+    """128 prompts of 27 tokens (x 2 samples) overflow a CPU step's 2048-token budget: vLLM's CPU build, with chunked
+    prefill on, killed its engine on such a seeded request; the launcher's flags (server_flags) keep it alive."""
+    prompts = [[5 + k % 50, *range(6, 32)] for k in range(128)]
+    out = client.generate(prompts, n=2, max_tokens=4, seed=3)
+    assert len(out.completion_ids) == 256 and all(out.completion_ids)
+    assert client.health()

@@ -13,10 +13,12 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .vllm_client import VLLMServerClient, still_waiting
 
@@ -51,6 +53,7 @@ class VLLMServerProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
+        self._check_port_free()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting the vLLM server (log: %s): %s", self.log_path, " ".join(self.cmd))
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
@@ -64,6 +67,19 @@ class VLLMServerProcess:
             )
         if self.on_start is not None:
             self.on_start(self.process.pid)
+
+    def _check_port_free(self) -> None:
+        """Something already answering on the port (a leftover server) would pass for ours: refuse to start."""
+        address = urlsplit(self.url)
+        try:
+            with socket.create_connection((address.hostname, address.port), timeout=2.0):
+                pass
+        except OSError:
+            return  # nothing listens there: ours can bind it
+        raise ServerStartError(
+            f"{address.hostname}:{address.port} already accepts connections (a server left from an earlier run?): "
+            f"stop it (e.g. `fuser -k {address.port}/tcp`), or set generation.port to a free port"
+        )
 
     def wait_healthy(self) -> None:
         client = VLLMServerClient(self.url, connect_timeout=5.0, request_timeout=5.0)

@@ -58,7 +58,9 @@ def save_adapter(trainer, path: Path) -> str | None:
     return sha256_file(path / ADAPTER_FILE)
 
 
-SEED_STRIDE = 4096  # vLLM seeds sample i of an n-sample request with seed + i; n stays below this
+# vLLM seeds sample i of an n-sample request with seed + i; one generate call's prompts take seed + j * n + i, and
+# a call's P * n samples stay below this
+SEED_STRIDE = 2**20
 
 
 def request_seed(base: int, step: int, call: int, process: int) -> int:
@@ -66,7 +68,7 @@ def request_seed(base: int, step: int, call: int, process: int) -> int:
     ``seed + i`` of its samples never meet another request's. (``base + step + process`` made process 1's sample j
     repeat process 0's sample j + 1, and every dynamic-sampling round and evaluation of a step repeat the first.)"""
     digest = hashlib.sha256(f"{base}/{step}/{call}/{process}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") * SEED_STRIDE  # < 2**44
+    return int.from_bytes(digest[:4], "little") * SEED_STRIDE  # < 2**52
 
 
 class ServerGenerator:
@@ -171,12 +173,15 @@ class ServerGenerator:
         samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in runs]  # per run: (ids, logprobs) x n
         for n in sorted({count for _, count in runs}):  # one request per distinct n (usually exactly one)
             chosen = [i for i, (_, count) in enumerate(runs) if count == n]
-            seed = None
-            if self.seed is not None:
+            seeds = None
+            if self.seed is not None:  # each prompt its own seed: a shared one gives their i-th samples one noise
                 step = trainer.state.global_step
                 self._calls = self._calls + 1 if self._calls_step == step else 0
                 self._calls_step = step
                 seed = request_seed(self.seed, step, self._calls, trainer.accelerator.process_index)
+                if len(chosen) * n > SEED_STRIDE:
+                    raise ValueError(f"{len(chosen)} prompts x {n} samples exceed one call's {SEED_STRIDE} seeds")
+                seeds = [seed + j * n for j in range(len(chosen))]
             result = self.client.generate(
                 [runs[i][0] for i in chosen],
                 n=n,
@@ -186,7 +191,7 @@ class ServerGenerator:
                 top_k=trainer.top_k or None,
                 min_p=trainer.min_p or 0.0,
                 repetition_penalty=trainer.repetition_penalty,
-                seed=seed,
+                seeds=seeds,
                 model=self.adapter_name,
                 stop_token_ids=list(trainer.eos_token_ids),
                 extra_body=self.extra_body,

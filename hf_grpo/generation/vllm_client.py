@@ -83,6 +83,7 @@ import math
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +152,7 @@ class GenerationResult:
 
 
 class VLLMServerClient:
-    """Talks to one ``vllm serve`` process (not thread-safe: use one client per thread).
+    """Talks to one ``vllm serve`` process; each thread that uses it gets an HTTP session of its own.
 
     Every request gets ``max_retries`` retries with exponential backoff (``backoff * 2**k`` seconds, capped at
     ``max_backoff``) on connection errors, timeouts and HTTP 429/502/503/504; other 4xx and 500 raise at once with the
@@ -169,13 +170,25 @@ class VLLMServerClient:
         backoff: float = 1.0,
         max_backoff: float = 30.0,
         max_prompts_per_request: int = 1024,
+        max_concurrent_requests: int = 64,
     ):
         self.base_url = base_url.rstrip("/")
         self.request_timeout, self.connect_timeout = request_timeout, connect_timeout
         self.max_retries, self.backoff, self.max_backoff = max(0, max_retries), backoff, max_backoff
         self.max_prompts_per_request = max_prompts_per_request
-        self.session = requests.Session()
+        self.max_concurrent_requests = max_concurrent_requests  # generate(seeds=...): one request per prompt
+        self._local, self._sessions, self._sessions_lock = threading.local(), [], threading.Lock()
         self._base_model: str | None = None
+
+    @property
+    def session(self) -> requests.Session:
+        """This thread's HTTP session (``generate`` with per-prompt seeds sends from several threads)."""
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            with self._sessions_lock:
+                self._sessions.append(session)
+        return session
 
     @property
     def worst_case_s(self) -> float:
@@ -185,7 +198,11 @@ class VLLMServerClient:
         return (self.max_retries + 1) * self.connect_timeout + self.request_timeout + sleeps
 
     def close(self) -> None:
-        self.session.close()
+        with self._sessions_lock:
+            for session in self._sessions:
+                session.close()
+            self._sessions.clear()
+        self._local = threading.local()
 
     # ---------------------------------------------------------------- HTTP plumbing
 
@@ -326,12 +343,23 @@ class VLLMServerClient:
         model: str | None = None,
         stop_token_ids: list[int] | None = None,
         extra_body: dict[str, Any] | None = None,
+        seeds: list[int] | None = None,
     ) -> GenerationResult:
         """Sample ``n`` completions for each token-id prompt; ``model`` is an adapter name or None for the base.
 
         ``top_k`` None, 0 or -1 means no top-k. ``extra_body`` is merged into each request (e.g. ``ignore_eos``).
         Prompts are sent in chunks of ``max_prompts_per_request``; the result keeps the input order.
+
+        Seeds: vLLM draws sample i of every prompt of a request with ``seed + i``, so one ``seed`` makes the i-th
+        samples of different prompts share their noise. ``seeds`` (one per prompt) sends each prompt as a request of
+        its own with its own seed, ``max_concurrent_requests`` at a time so that the server still batches them.
         """
+        if seeds is not None:
+            if seed is not None or len(seeds) != len(prompt_ids):
+                raise ValueError("pass either seed or one seed per prompt (seeds), not both")
+            kwargs = dict(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+            kwargs |= dict(repetition_penalty=repetition_penalty, model=model, stop_token_ids=stop_token_ids)
+            return self._generate_each(prompt_ids, seeds, kwargs, extra_body)
         if not prompt_ids or not all(isinstance(p, list) and p for p in prompt_ids):
             raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists")
         if n < 1 or max_tokens < 1:
@@ -357,6 +385,21 @@ class VLLMServerClient:
             chunk = prompt_ids[start : start + self.max_prompts_per_request]
             body = self._request("POST", "/v1/completions", {**payload, "prompt": chunk}).json()
             self._add_choices(result, chunk, body)
+        return result
+
+    def _generate_each(self, prompt_ids, seeds, kwargs, extra_body) -> GenerationResult:
+        """One request per prompt with its own seed, sent concurrently; the results in prompt order."""
+        workers = max(1, min(len(prompt_ids), self.max_concurrent_requests))
+        with ThreadPoolExecutor(workers, thread_name_prefix="vllm-request") as pool:
+            parts = list(
+                pool.map(lambda p, s: self.generate([p], seed=s, extra_body=extra_body, **kwargs), prompt_ids, seeds)
+            )
+        result = GenerationResult(n=kwargs["n"], prompt_ids=[], completion_ids=[], logprobs=[], finish_reasons=[])
+        for part in parts:
+            for name in ("prompt_ids", "completion_ids", "logprobs", "finish_reasons", "texts"):
+                getattr(result, name).extend(getattr(part, name))
+            for key, value in part.usage.items():
+                result.usage[key] = result.usage.get(key, 0) + value
         return result
 
     def _add_choices(self, result: GenerationResult, chunk: list[list[int]], body: dict[str, Any]) -> None:
