@@ -70,7 +70,9 @@ class GenerationArguments:
         extra_args (`list[str]`, *optional*):
             More `vllm serve` flags, appended as given.
         seed (`int`, *optional*):
-            Sampling seed base for server requests (default: the training seed).
+            Sampling seed base for server requests (default: the training seed). Each prompt is sent as a request
+            of its own with a seed of its own (vLLM draws sample i of every prompt in a request with seed + i, so
+            one seed per batch would give the i-th samples of all prompts the same noise).
     """
 
     backend: str | None = field(
