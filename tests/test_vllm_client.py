@@ -349,3 +349,16 @@ def test_wait_until_healthy_on_closed_port():
     assert time.monotonic() - start < 3
     message = str(info.value)
     assert url in message and "vllm serve" in message and "waiting" in message
+
+
+def test_per_prompt_seeds_reuse_a_bounded_set_of_connections(server, prompts):
+    """generate(seeds=...) sends one request per prompt from a pool of threads, each with its own session: the pool
+    is kept, so a long run does not open new sessions (and sockets) on every call."""
+    client = VLLMServerClient(server.url, request_timeout=10, max_concurrent_requests=2)
+    reference = [client.generate([p], n=2, max_tokens=4, seed=100 + 2 * j) for j, p in enumerate(prompts)]
+    for _ in range(5):
+        out = client.generate(prompts, n=2, max_tokens=4, seeds=[100 + 2 * j for j in range(len(prompts))])
+        assert out.completion_ids == [ids for r in reference for ids in r.completion_ids]  # in prompt order
+    assert len(client._sessions) <= 3  # the caller's thread and the 2 pool threads
+    client.close()
+    assert client._sessions == [] and client._pool is None

@@ -178,6 +178,7 @@ class VLLMServerClient:
         self.max_prompts_per_request = max_prompts_per_request
         self.max_concurrent_requests = max_concurrent_requests  # generate(seeds=...): one request per prompt
         self._local, self._sessions, self._sessions_lock = threading.local(), [], threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # kept: its threads' sessions (and connections) are reused
         self._base_model: str | None = None
 
     @property
@@ -198,6 +199,9 @@ class VLLMServerClient:
         return (self.max_retries + 1) * self.connect_timeout + self.request_timeout + sleeps
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         with self._sessions_lock:
             for session in self._sessions:
                 session.close()
@@ -389,11 +393,11 @@ class VLLMServerClient:
 
     def _generate_each(self, prompt_ids, seeds, kwargs, extra_body) -> GenerationResult:
         """One request per prompt with its own seed, sent concurrently; the results in prompt order."""
-        workers = max(1, min(len(prompt_ids), self.max_concurrent_requests))
-        with ThreadPoolExecutor(workers, thread_name_prefix="vllm-request") as pool:
-            parts = list(
-                pool.map(lambda p, s: self.generate([p], seed=s, extra_body=extra_body, **kwargs), prompt_ids, seeds)
-            )
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_concurrent_requests, thread_name_prefix="vllm-request")
+        parts = list(
+            self._pool.map(lambda p, s: self.generate([p], seed=s, extra_body=extra_body, **kwargs), prompt_ids, seeds)
+        )
         result = GenerationResult(n=kwargs["n"], prompt_ids=[], completion_ids=[], logprobs=[], finish_reasons=[])
         for part in parts:
             for name in ("prompt_ids", "completion_ids", "logprobs", "finish_reasons", "texts"):
