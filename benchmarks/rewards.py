@@ -24,7 +24,7 @@ best of ``--repeats`` after one warm-up:
 - TRL's ``trl.rewards.accuracy_reward`` on all N, with conversational completions and a MATH-style gold
   (``\\boxed{answer}``) for every item, which is all it reads.
 
-Then it inserts ONE pathological completion (huggingface/Math-Verify#65) into the MATH half and times the isolated
+Then it inserts ONE pathological completion (a factorial math-verify never finishes) into the MATH half and times the isolated
 call with it (at the default 10 s timeout and at 2 s). TRL's function is run on the same batch only in a subprocess
 with a hard time limit, since in-process it would never return; the in-process ``hf_grpo`` path is not run on it for
 the same reason.
@@ -56,7 +56,9 @@ if "--heavy-main" in sys.argv:  # this main module then imports the training sta
 
     print(f"--heavy-main: this script imported trl.trainer.grpo_trainer in {time.perf_counter() - _started:.2f} s")
 
-PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
+# math-verify computes this factorial for ever (Math-Verify#65's power tower no longer reaches it: grading refuses
+# powers of over MAX_POWER_DIGITS digits)
+PATHOLOGICAL = r"\boxed{99999999999!}"
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Completions
@@ -294,9 +296,7 @@ def compare_graders(args: argparse.Namespace) -> None:
     at = len(bad["completions"]) // 2
     bad["completions"].insert(at, PATHOLOGICAL)
     bad["solution"].insert(at, r"\boxed{1}")
-    print(
-        f"one pathological completion (Math-Verify#65) inserted at position {at} of the MATH half ({n_m + 1} items):"
-    )
+    print(f"one pathological completion (99999999999!) inserted at position {at} of the MATH half ({n_m + 1} items):")
     clean_s = next(r[3] for r in rows if r[0] == "hf_grpo isolated" and r[1] == "MATH")
     iso_m_out = outputs["hf_grpo isolated"][1]
     print(f"  hf_grpo isolated, clean MATH half ({n_m}):         {clean_s:7.2f} s (best of {args.repeats}, above)")
@@ -499,7 +499,10 @@ def compare_pools(args: argparse.Namespace) -> None:
     n_g, n_m = len(halves["GSM8K"][1]), len(halves["MATH"][1])
     hangs = {
         "C loop": (c_loop_forever, {}),
-        "Math-Verify#65": (functools.partial(graded_by, "math"), {"completion": PATHOLOGICAL, "gold": r"\boxed{1}"}),
+        "never-ending factorial": (
+            functools.partial(graded_by, "math"),
+            {"completion": PATHOLOGICAL, "gold": r"\boxed{1}"},
+        ),
     }
 
     print(
@@ -529,7 +532,7 @@ def compare_pools(args: argparse.Namespace) -> None:
     print(f"              {args.pool_repeats} after 1 warm-up, the pools taking turns (order rotated each repeat)")
     print(f"  kill:       a 1-worker pool maps one hung item with timeout T = {T:g} s; latency = wall clock - T")
     print("              (hangs: 'C loop' = sum(range(10**13)), one C call that never lets a signal handler run;")
-    print("              'Math-Verify#65' = grade_completion('math', 5^{5^{5^{5^5}}} input))")
+    print("              'never-ending factorial' = grade_completion('math', 99999999999! input))")
     print("  replace:    right after the kill, the same pool maps one MATH item: wall clock until its result, which")
     print("              must come from a new worker (pid checked); then that worker is SIGKILLed while idle and")
     print("              the pool maps one more item")

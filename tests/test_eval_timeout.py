@@ -1,10 +1,10 @@
 """Held-out evaluation never grades without a hard timeout (issue 10, item 3).
 
-math-verify never finishes with the huggingface/Math-Verify#65 input (``PATHOLOGICAL`` against a MATH gold): SymPy
-evaluates 5^(5^(5^3125)) in one C call that holds the GIL, so neither a signal nor a watchdog thread (pytest-timeout
-included) can stop it in the process that runs it. The tests that feed it to an evaluation path therefore run that
-path in a subprocess with a deadline: a regression to in-process grading fails on the deadline instead of hanging
-the test run. They check that the evaluation finishes within ``TIMEOUT + SLACK`` seconds, that the pathological
+math-verify never finishes with ``PATHOLOGICAL`` (a huge factorial) against a MATH gold: SymPy evaluates it in one
+C call that holds the GIL, so neither a signal nor a watchdog thread (pytest-timeout included) can stop it in the
+process that runs it (huggingface/Math-Verify#65's power tower was such an input until grading refused those).
+The tests that feed it to an evaluation path therefore run that path in a subprocess with a deadline: a regression
+to in-process grading fails on the deadline instead of hanging the test run. They check that the evaluation finishes within ``TIMEOUT + SLACK`` seconds, that the pathological
 completion is counted as ``timeout`` and that the normal ones are graded as before.
 """
 
@@ -29,13 +29,14 @@ TIMEOUT = 3.0  # grading seconds per completion in these tests
 SLACK = 30.0  # an evaluation with one hanging completion must finish within TIMEOUT + SLACK
 DEADLINE = 180  # seconds a subprocess gets (imports and model loading included) before it is killed
 
-# huggingface/Math-Verify#65, as in tests/test_reward_isolation.py: SymPy tries to evaluate 5^(5^(5^3125)).
-PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
+# A factorial math-verify computes for ever (SymPy evaluates it in one C call). The power tower of Math-Verify#65
+# no longer reaches SymPy (grading.MAX_POWER_DIGITS); this input still does, and only the worker timeout bounds it.
+PATHOLOGICAL = r"\boxed{99999999999!}"
 
 # (problem, MATH gold solution, completion before, completion after, grade before, grade after)
 PROBLEMS = [
     ("What is 1 + 0?", r"Adding zero changes nothing: $\boxed{1}$.", r"$1 + 0 = 1$, so $\boxed{1}$.", r"$\boxed{1}$"),
-    ("Simplify the tower.", r"It is $\boxed{1}$.", PATHOLOGICAL, PATHOLOGICAL),
+    ("Simplify the factorial.", r"It is $\boxed{1}$.", PATHOLOGICAL, PATHOLOGICAL),
     ("What is 1 + 1?", r"$1 + 1 = \boxed{2}$", r"The answer is $\boxed{3}$.", r"The answer is $\boxed{2}$."),
     ("What is 2 - 1?", r"$\boxed{1}$", "I do not know.", "I still do not know."),
     ("Half of 1?", r"$\boxed{\frac{1}{2}}$", r"So $\boxed{0.5}$.", r"So $\boxed{0.5}$."),

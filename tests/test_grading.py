@@ -8,6 +8,7 @@ the project reports, so rows are only edited on purpose.
 from __future__ import annotations
 
 import doctest
+import time
 from fractions import Fraction
 
 import pytest
@@ -1067,3 +1068,28 @@ def test_doctests(module):
     result = doctest.testmod(module, verbose=False)
     assert result.attempted > 0
     assert result.failed == 0, f"{result.failed} doctest(s) failed in {module.__name__}"
+
+
+PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"  # Math-Verify#65
+
+
+def test_grade_called_directly_does_not_hang_on_a_power_tower():
+    """Issue 23 #9: grade() itself computed for ever on Math-Verify#65's input (no process around it in a notebook).
+    A power of over MAX_POWER_DIGITS digits never reaches SymPy: a boxed one is wrong, a gold one is refused."""
+    start = time.monotonic()
+    assert grading.grade(PATHOLOGICAL, "1", "math") == "wrong"
+    assert time.monotonic() - start < 20
+    with pytest.raises(ValueError, match="more than 1000000 digits"):
+        grading.grade(r"\boxed{1}", r"9^{9^{9}}", "math")
+    # a tower in the reasoning does not hide the boxed answer; computable powers still grade
+    assert grading.grade(r"Since 9^{9^{9}} is huge, \boxed{3}", "3", "math") == "correct"
+    assert grading.grade(r"\boxed{2^{10}}", "1024", "math") == "correct"
+
+
+@pytest.mark.parametrize(
+    ("text", "low", "high"),
+    [(r"2^{10}", 3.0, 3.1), (r"2^{2^{2^{2}}}", 4.8, 4.9), (r"5^{5^{5}}", 2184, 2185), (r"x^2 + 3", 0, 0)],
+)
+def test_power_digits_estimates_a_towers_size(text, low, high):
+    assert low <= grading.power_digits(text) <= high
+    assert grading.power_digits(PATHOLOGICAL) == float("inf")

@@ -41,8 +41,9 @@ TIMEOUT = 2.0
 SLACK = 2.0
 LOGGER = "hf_grpo.rewards.isolation"
 
-# huggingface/Math-Verify#65: SymPy tries to evaluate 5^(5^(5^3125)); no signal can interrupt it.
-PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"
+# A factorial math-verify computes for ever (SymPy evaluates it in one C call). The power tower of Math-Verify#65
+# no longer reaches SymPy (grading.MAX_POWER_DIGITS); this input still does, and only the worker timeout bounds it.
+PATHOLOGICAL = r"\boxed{99999999999!}"
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def timed(fn, *args, **kwargs):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# (a) the Math-Verify#65 input
+# (a) a math-verify input that never finishes
 
 
 def test_pathological_math_completion_times_out_alone(pool):

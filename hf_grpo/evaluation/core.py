@@ -11,7 +11,8 @@ numbers measure the same behaviour that training optimizes.
 generated and the completions graded, labelled with the evaluation (``before``, ``step20``, ``after``...).
 
 Grading never runs in this process. A model can write an answer that math-verify cannot finish with
-(``\\boxed{5^{5^{5^{5^5}}}}``, huggingface/Math-Verify#65: one C-level SymPy call that no signal interrupts), so every
+(``\\boxed{99999999999!}``: one C-level SymPy call that no signal interrupts; power towers such as
+huggingface/Math-Verify#65's are refused before SymPy, see ``grading.MAX_POWER_DIGITS``), so every
 completion is graded by ``grade_completion`` in a worker of a ``hf_grpo.rewards.isolation.RewardPool`` with a hard
 per-completion timeout (``grade_bounded``). Beside ``correct`` / ``wrong`` / ``unparseable`` two more grades
 (``EVAL_GRADES``) can then come back, and both count as not correct in accuracy and pass@k:

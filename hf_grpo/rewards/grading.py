@@ -23,7 +23,10 @@ which joins "$\\boxed{-2}$ and $\\boxed{3}$" into one answer, is tried second.
 
 math-verify's own timeouts use ``signal.alarm`` and only work in a main thread, and they cannot interrupt a long
 C-level SymPy call (huggingface/Math-Verify#65). They are disabled here; hard timeouts are enforced by running
-grading in killable worker processes (``hf_grpo.rewards.isolation``).
+grading in killable worker processes (``hf_grpo.rewards.isolation``). ``grade`` called directly (a notebook, a
+user's reward) has no such process, so a power of over ``MAX_POWER_DIGITS`` digits (``power_digits``: Math-Verify#65's
+``5^(5^(5^3125))``) never reaches SymPy: a boxed one grades ``wrong`` (it equals no gold), a gold one is refused.
+Other expressions SymPy evaluates for ever (``99999999999!``) are still bounded only by the worker timeouts.
 
     >>> grade("5 + 3 = 8\\n#### 8", "#### 8", "gsm8k")
     'correct'
@@ -36,6 +39,7 @@ grading in killable worker processes (``hf_grpo.rewards.isolation``).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -248,12 +252,45 @@ def check_gold_format(task: str, golds: Sequence[str], threshold: float = GOLD_W
     return f"{message}; they look like neither {marks} (first: {misfits[0][:80]!r})"
 
 
+MAX_POWER_DIGITS = 10**6  # a power with more digits than this is not computed (SymPy would for ever: Math-Verify#65)
+_POWER_RE = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*")
+
+
+def _group(text: str, start: int) -> tuple[str, int]:
+    """The exponent at ``start`` (just after ``^``): a balanced ``{...}`` group's content, or one character."""
+    if start >= len(text) or text[start] != "{":
+        return text[start : start + 1], start + 1
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1 : i], i + 1
+    return text[start + 1 :], len(text)
+
+
+def power_digits(text: str) -> float:
+    """An upper estimate of the number of decimal digits of the largest number ``text`` writes with ``^``: each
+    ``N^{...}`` has about ``value(exponent) * log10(N)`` digits, where the exponent's value is its own largest number
+    or power (``+ 4`` and the like are ignored: they do not change the order of magnitude). ``inf`` when a tower's
+    exponent is itself beyond floating point."""
+    digits, position = 0.0, 0
+    while (match := _POWER_RE.search(text, position)) is not None:
+        exponent, position = _group(text, match.end())
+        numbers = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", exponent)] or [1.0]
+        exponent_digits = max(power_digits(exponent), math.log10(max(max(numbers), 1.0)))
+        value = math.inf if exponent_digits > 300 else 10**exponent_digits
+        digits = max(digits, value * math.log10(max(float(match.group(1)), 1.0)))
+    return digits
+
+
 def _grade_math(completion: str, gold: str) -> str:
     from latex2sympy2_extended import NormalizationConfig
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     for name in ("math_verify.parser", "math_verify.grader"):  # "timeout disabled" warnings are expected here
         logging.getLogger(name).setLevel(logging.ERROR)
+    if power_digits(math_gold(gold)) > MAX_POWER_DIGITS:
+        raise ValueError(f"gold answer {gold!r} writes a number of more than {MAX_POWER_DIGITS} digits")
     gold_parsed = parse(
         f"${math_gold(gold)}$",
         extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
@@ -279,6 +316,11 @@ def _grade_math(completion: str, gold: str) -> str:
         readings.insert(0, f"\\boxed{{{boxed}}}")
     result = "unparseable"
     for text in readings:
+        answer = last_boxed(text)  # what math-verify reads first (boxed_match_priority=0)
+        if power_digits(text if answer is None else answer) > MAX_POWER_DIGITS:  # SymPy would compute for ever
+            # a boxed answer of over a million digits equals no gold answer (such golds are refused above)
+            result = "wrong" if answer is not None and result == "unparseable" else result
+            continue
         predicted = parse(text, extraction_config=config, extraction_mode="first_match", parsing_timeout=None)
         if predicted:
             if verify(gold_parsed, predicted, timeout_seconds=None):

@@ -1,6 +1,7 @@
 """Fault-isolated rewards: a pool of warm worker processes with a hard per-completion timeout.
 
-A reward can hang (math-verify on ``5^{5^{5^{5^5}}}`` computes for ever, huggingface/Math-Verify#65, holding the GIL
+A reward can hang (math-verify on ``99999999999!`` computes for ever, as it did on huggingface/Math-Verify#65's
+power tower before grading refused those, holding the GIL
 so that no thread of the training process can stop it; other inputs can sit in one C call that not even a signal
 handler interrupts) or raise. Run in-process, the first stalls training and the second
 crashes it. Here each completion is scored in a long-lived worker process; a completion that takes longer than the
