@@ -1,6 +1,7 @@
 """hf_grpo: GRPO for math reasoning on top of TRL.
 
-    from hf_grpo import GRPOTrainer, HfGRPOConfig, train
+    from hf_grpo import GRPOTrainer, HfGRPOConfig
+    from hf_grpo.train import train   # run a recipe from Python: train("recipes/tiny.yaml", max_steps=30)
 
 The names below are imported on first use, so ``import hf_grpo`` stays cheap (the launcher's watchdog,
 ``python -m hf_grpo.watchdog``, imports this package and must start at once).
@@ -14,7 +15,6 @@ import importlib
 _EXPORTS = {
     "GRPOTrainer": "hf_grpo.trainer",
     "HfGRPOConfig": "hf_grpo.config",
-    "train": "hf_grpo.train",
     "load_recipe": "hf_grpo.recipe",
     "RecipeError": "hf_grpo.recipe",
     "load_reward_funcs": "hf_grpo.rewards",
@@ -34,7 +34,6 @@ __all__ = [
     "load_grpo_datasets",
     "load_recipe",
     "load_reward_funcs",
-    "train",
 ]
 
 

@@ -37,7 +37,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from .card import (
     scrub_paths,
 )
 from .outputs import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
+from .tokens import TOKEN_SHAPE, env_token, redact
 
 
 logger = logging.getLogger("hf_grpo.hub")
@@ -75,11 +75,6 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 RUN_FILES = (RECIPE_FILE, EVAL_FILE, HISTORY_FILE, PLOT_FILE, SUMMARY_FILE, VERSIONS_FILE)
-TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's order of precedence
-# User access tokens are "hf_" + 34 letters/digits; 30+ leaves room for other lengths without matching identifiers
-# such as hf_grpo_something.
-TOKEN_SHAPE = re.compile(rb"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9_])")
-TOKEN_SHAPE_TEXT = re.compile(TOKEN_SHAPE.pattern.decode())
 DEFAULT_COMMIT_MESSAGE = "Upload GRPO-trained model (hf_grpo)"
 
 
@@ -180,22 +175,6 @@ def public_files(files: dict[str, Path]) -> dict[str, Path | bytes]:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Secrets
-
-
-def env_token() -> str | None:
-    """The Hub token from the environment, as huggingface_hub reads it (``HF_TOKEN``, then the old name)."""
-    for name in TOKEN_ENV:
-        value = (os.environ.get(name) or "").strip()
-        if value:
-            return value
-    return None
-
-
-def redact(text: str, token: str | None) -> str:
-    """``text`` with the token and anything token-shaped replaced."""
-    if token:
-        text = text.replace(token, "<redacted>")
-    return TOKEN_SHAPE_TEXT.sub("hf_<redacted>", text)
 
 
 def _is_weights(name: str) -> bool:

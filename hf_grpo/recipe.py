@@ -38,6 +38,7 @@ from .hardware import MINIATURE_HINT, hardware_problems
 from .launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
 from .miniature import Miniature
 from .rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
+from .tokens import env_token
 
 
 SECTIONS = {
@@ -723,7 +724,6 @@ def _check_report_to(values: dict, where: str) -> None:
 
 def _check_push(values: dict, env: dict[str, str], where: str) -> None:
     """What the push after training needs, checked before it: a repo id, a token, the Hub reachable, one push."""
-    from .hub import env_token
 
     if not values.get("hub_model_id"):
         raise RecipeError(

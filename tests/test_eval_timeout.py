@@ -66,7 +66,7 @@ def run_python(args: list[str], env: dict | None = None) -> tuple[subprocess.Com
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# (a) the before/after (and periodic) evaluation: TaskEvaluator.run, as hf_grpo.train.run calls it
+# (a) the before/after (and periodic) evaluation: TaskEvaluator.run, as hf_grpo.pipeline.run calls it
 
 TASK_EVALUATOR_SCRIPT = """
 import json, sys, time
@@ -81,7 +81,7 @@ from hf_grpo.evaluation.history import write_json
 from hf_grpo.evaluation.report import write_report
 from hf_grpo.evaluation.tasks import TaskEvaluator
 from hf_grpo.outputs import EVAL_FILE
-from hf_grpo.train import paired_gain_of_run
+from hf_grpo.pipeline import paired_gain_of_run
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 out = Path(spec["output_dir"])
@@ -95,15 +95,15 @@ args = SimpleNamespace(
     task_eval_max_samples=None,
 )
 dataset = Dataset.from_dict({"prompt": spec["prompts"], "solution": spec["golds"]})
-evaluator = TaskEvaluator(dataset, "math", args)  # as hf_grpo.train.run builds it
+evaluator = TaskEvaluator(dataset, "math", args)  # as hf_grpo.pipeline.run builds it
 evaluator.grade_timeout = spec["timeout"]
 results, elapsed = {}, {}
 for label in ("before", "after"):
     canned.update(zip(spec["prompts"], spec[label], strict=True))
     start = time.monotonic()
-    results[label] = evaluator.run(torch.nn.Linear(1, 1), None, label=label)  # hf_grpo.train.run's call, sans trainer
+    results[label] = evaluator.run(torch.nn.Linear(1, 1), None, label=label)  # hf_grpo.pipeline.run's call, sans trainer
     elapsed[label] = time.monotonic() - start
-results["gain"] = paired_gain_of_run(str(out))  # then exactly what hf_grpo.train.run does with them
+results["gain"] = paired_gain_of_run(str(out))  # then exactly what hf_grpo.pipeline.run does with them
 write_json(out / EVAL_FILE, results)
 write_report(out)
 pool = evaluator._own_pool

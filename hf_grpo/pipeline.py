@@ -1,0 +1,240 @@
+"""One training run in this process: policy, data, rewards, trainer, evaluations, then the run's outputs.
+
+``hf_grpo.train`` (the command line and ``train()``) loads and checks the recipe, then calls ``run``; under
+``accelerate launch`` every process runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from .launch import SERVER_STARTED_ENV, apply_thread_policy
+from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
+from .recipe import Recipe, RecipeError
+
+
+logger = logging.getLogger("hf_grpo")
+
+
+def load_policy(recipe: Recipe):
+    """(model, tokenizer): the embedded tiny model (built, warm-started, saved) or a pretrained one."""
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import get_quantization_config
+
+    model_args, args = recipe.model, recipe.training
+    if model_args.model_name_or_path == "tiny":
+        from .tiny import build_model, build_tokenizer, warm_start
+
+        tokenizer = build_tokenizer(seed=args.seed)
+        model = build_model(tokenizer, seed=args.seed, hidden_size=model_args.tiny_hidden_size)
+        from .progress import enabled_for
+
+        steps, lr = model_args.warm_start_steps, model_args.warm_start_lr
+        warm_start(model, tokenizer, steps, lr=lr, seed=args.seed, progress=enabled_for(args))
+        base_dir = Path(args.output_dir) / "base_model"
+        if args.process_index == 0:
+            model.save_pretrained(base_dir)  # safetensors; the adapter is saved relative to these weights
+            tokenizer.save_pretrained(base_dir)
+        model.config._name_or_path = model.name_or_path = str(base_dir.resolve())  # PEFT records it in the adapter
+        return model, tokenizer
+
+    quantization = get_quantization_config(model_args)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        dtype=model_args.dtype or "auto",
+        attn_implementation=model_args.attn_implementation,
+        trust_remote_code=args.trust_remote_code,
+        quantization_config=quantization,
+        device_map={"": PartialState().local_process_index} if quantization is not None else None,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        padding_side="left",
+        trust_remote_code=args.trust_remote_code,
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def save_recipe(recipe: Recipe) -> None:
+    """Copy the resolved recipe (its explicit values and overrides) into ``output_dir`` for provenance and the Hub."""
+    import yaml
+
+    if recipe.training.process_index != 0:
+        return
+    out = Path(recipe.training.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
+    (out / RECIPE_FILE).write_text(header + yaml.safe_dump(recipe.values, sort_keys=False))
+    from .card import library_versions
+    from .evaluation.history import write_json
+
+    write_json(out / VERSIONS_FILE, library_versions())
+
+
+def resume_target(args, num_processes: int) -> str | None:
+    """What to pass to ``Trainer.train(resume_from_checkpoint=...)``: the newest complete checkpoint for ``auto``/``true``.
+
+    Raises RecipeError, before anything loads, for a checkpoint path that is incomplete, damaged or written by another
+    number of processes (``checkpoints.py``).
+    """
+    from .checkpoints import CheckpointError, resolve_resume
+
+    try:
+        return resolve_resume(args.resume_from_checkpoint, args.output_dir, num_processes)
+    except CheckpointError as exc:
+        raise RecipeError(str(exc)) from None
+
+
+def run(recipe: Recipe) -> dict:
+    """Train the recipe; returns the before/after evaluation (empty when disabled)."""
+    if recipe.miniature is not None:  # before TRL's generation modules are imported: they look for vllm once
+        from .miniature import activate
+
+        activate(recipe.miniature)
+    from trl import get_peft_config
+
+    from .data import load_grpo_datasets
+    from .data.loaders import eval_grader
+    from .evaluation.history import HistoryCallback, write_json
+    from .evaluation.report import write_report
+    from .evaluation.tasks import TaskEvaluator
+    from .rewards import load_reward_funcs
+    from .rewards.isolation import RewardFailedError
+    from .trackers import setup_trackers
+    from .trainer import GRPOTrainer
+
+    logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
+    args = recipe.training
+    resume = resume_target(args, int(os.environ.get("WORLD_SIZE", "1")))  # before anything loads
+    push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
+    args.push_to_hub = False
+    save_recipe(recipe)
+    trackers = setup_trackers(recipe)  # the project (recipe > environment > default), before the trainer is built
+    try:  # before the model: a missing column or split is a recipe error, found in seconds rather than after loading
+        train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise RecipeError(f"{recipe.path}: data: {exc}") from None
+    model, tokenizer = load_policy(recipe)
+    evaluator = None
+    if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout
+        evaluator = TaskEvaluator(
+            eval_dataset, eval_grader(recipe.data), args, grade_timeout=recipe.rewards.reward_timeout
+        )
+    results = {}
+    generator = None
+    gen = recipe.generation
+    if gen.backend == "vllm_server" and gen.sync_mode(recipe.model.use_peft) == "lora":
+        from .generation.server_generator import ServerGenerator
+
+        generator = ServerGenerator(
+            gen.url,
+            Path(args.output_dir) / "vllm_adapters",
+            gen.request_timeout,
+            gen.max_retries,
+            gen.server_timeout,
+            args.seed if gen.seed is None else gen.seed,  # reproducible sampling; layout.py documents this default
+            # the server command our launcher starts sets processed_logprobs; a server the user started is checked
+            check_logprobs=gen.base_url is not None and os.environ.get(SERVER_STARTED_ENV) != "1",
+        )
+    trainer = GRPOTrainer(
+        generator=generator,
+        model=model,
+        reward_funcs=load_reward_funcs(recipe.rewards),
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset if args.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(recipe.model),
+        callbacks=[HistoryCallback(args.output_dir)],
+    )
+    trainer.max_unscored_calls = recipe.rewards.reward_max_failed_calls
+    state = trainer.accelerator.state
+    logger.info(
+        "training on %d process(es), %s, device %s", state.num_processes, state.distributed_type.value, state.device
+    )
+    if evaluator is not None and args.eval_before_after:
+        # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
+        # shards, and only the trainer's unwrap gathers them for generation.
+        results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
+    if evaluator is not None and args.task_eval_steps > 0:
+        trainer.add_callback(evaluator.callback(trainer))
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except RewardFailedError:  # stopped early for a broken reward: the report shows the run up to there
+        if trainer.accelerator.is_main_process:
+            write_report(args.output_dir)
+        raise
+    trainer.save_model(args.output_dir)
+
+    if evaluator is not None and args.eval_before_after:
+        results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
+    if evaluator is not None:
+        evaluator.close()
+    if trainer.accelerator.is_main_process:
+        if results:
+            results["gain"] = paired_gain_of_run(args.output_dir)
+            results["settings"] = eval_settings(recipe, evaluator)
+            write_json(Path(args.output_dir) / EVAL_FILE, results)
+            logger.info(
+                "held-out accuracy: before %.3f, after %.3f",
+                results["before"]["accuracy"],
+                results["after"]["accuracy"],
+            )
+        write_report(args.output_dir)
+        trackers.log_story(trainer)  # before/after, gain, plot and recipe to wandb / trackio / tensorboard
+        from .card import write_local_card
+
+        write_local_card(args.output_dir)  # our model card replaces the blank README.md PEFT's save_pretrained leaves
+        logger.info("outputs in %s", args.output_dir)
+        if push:
+            from .hub import push as push_to_hub
+
+            result = push_to_hub(
+                args.output_dir,
+                args.hub_model_id,
+                private=args.hub_private_repo is not False,
+                revision=args.hub_revision,
+            )
+            logger.info("pushed to %s", result.repo_url)
+    trainer.accelerator.wait_for_everyone()
+    return results
+
+
+def eval_settings(recipe: Recipe, evaluator) -> dict:
+    """How the held-out numbers were measured, recorded beside them in ``eval_results.json``.
+
+    ``dataset`` is a hub id or preset name as the recipe gives it; a local file is recorded by its file name only, so
+    nothing machine-specific reaches the Hub card.
+    """
+    from .data.loaders import is_local_file, source_splits
+
+    spec, split = source_splits(recipe.data).get("eval", (recipe.data.resolved(), "train (eval_split_size)"))
+    name = spec["name"]
+    return {
+        "task": evaluator.task,
+        "dataset": Path(name).name if is_local_file(name) else name,
+        "dataset_config": spec["config"],
+        "split": split,
+        "num_problems": len(evaluator.dataset),
+        "decoding": "greedy",
+        "max_new_tokens": evaluator.max_new_tokens,
+        "prompt_style": recipe.data.prompt_style,
+    }
+
+
+def paired_gain_of_run(output_dir: str) -> dict | None:
+    """The paired before/after difference with its 95% interval, from the run's per-problem records."""
+    from .evaluation.stats import gain_from_run
+
+    try:
+        return gain_from_run(output_dir)
+    except ValueError as exc:  # records that cannot be paired: the report leaves the interval out
+        logger.warning("no paired before/after interval: %s", exc)
+        return None
