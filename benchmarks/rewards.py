@@ -5,9 +5,9 @@
     python benchmarks/rewards.py --pool none --graders          # only the grader comparison (about 2.5 minutes)
     python benchmarks/rewards.py --pool none --graders --n 400 --repeats 1  # a quick look
 
-Pools (``--pool``, issue 10 item 6: could ``hf_grpo/rewards/isolation.py`` be replaced by pebble?). The same work on
+Pools (``--pool``, issue 10 item 6: could ``hf_grpo/workers.py`` be replaced by pebble?). The same work on
 ``RewardPool`` and on ``benchmarks/pebble_pool.py``'s ``PebblePool`` (``pebble.ProcessPool`` on the same preloaded
-"forkserver" context, once as it comes and once with an initializer that adds ``isolation.py``'s worker hardening):
+"forkserver" context, once as it comes and once with an initializer that adds ``hf_grpo/workers.py``'s worker hardening):
 start-up (cold, in a fresh interpreter, and warm), throughput (``--pool-n`` completions graded with
 ``grade_completion`` by ``--workers`` workers, the pools taking turns), kill latency and replacement latency on a
 1-worker pool (a hung item with timeout ``--kill-timeout``, then the next item), what a worker dying while idle does
@@ -230,7 +230,7 @@ def compare_graders(args: argparse.Namespace) -> None:
     from trl.rewards import accuracy_reward
 
     from hf_grpo.rewards.functions import gsm8k_correctness, math_correctness
-    from hf_grpo.rewards.isolation import RewardPool, isolate
+    from hf_grpo.rewards.wrapper import RewardPool, isolate
 
     data = build(args.n)
     g, m = data["gsm8k"], data["math"]
@@ -341,7 +341,7 @@ POOL_TIMEOUT_S = 10.0  # the per-completion timeout of the throughput runs (reci
 
 def make_pool(kind: str, workers: int):
     if kind == "ours":
-        from hf_grpo.rewards.isolation import RewardPool
+        from hf_grpo.rewards.wrapper import RewardPool
 
         return RewardPool(workers)
     from pebble_pool import PebblePool
@@ -478,7 +478,7 @@ def compare_pools(args: argparse.Namespace) -> None:
     from pebble_pool import PEBBLE_PRELOAD, c_loop_forever, graded_by, worker_info
 
     from hf_grpo.rewards.functions import grade_completion
-    from hf_grpo.rewards.isolation import PRELOAD
+    from hf_grpo.rewards.wrapper import PRELOAD
 
     kinds = POOL_CHOICES[args.pool]
     use_pebble = any(k != "ours" for k in kinds)

@@ -13,7 +13,7 @@ What it measures, and how (every number printed says which kind it is):
      trainer-like object, so it runs ``save_adapter`` (``get_peft_model_state_dict`` -> safetensors file + adapter
      config + sha256 of the file) and then ``POST /v1/load_lora_adapter`` under a new name and
      ``POST /v1/unload_lora_adapter`` of the previous one, against the fixture server
-     (hf_grpo/miniature/vllm_server.py, real HTTP on 127.0.0.1, in a thread of this process). The client's load and
+     (tests/helpers/fake_vllm_server.py over hf_grpo/vllm_standin, real HTTP on 127.0.0.1, in a thread of this process). The client's load and
      unload calls are wrapped with timers, so total = write + load + unload. Before each sync the LoRA weights are
      perturbed (a stand-in for an optimizer step), so every sync ships a different adapter; the server's sha256 of
      the last adapter is checked against the trainer's. Bytes: size of ``adapter_model.safetensors``.
@@ -278,7 +278,7 @@ def measure_lora(peft_model, model_dir: Path, work: Path, rank: int, warmup: int
     import torch
 
     from hf_grpo.generation.server_generator import ADAPTER_FILE, ServerGenerator
-    from hf_grpo.miniature.vllm_server import start_in_thread
+    from tests.helpers.fake_vllm_server import start_in_thread  # the stand-in with its test routes
 
     accelerator = SimpleNamespace(unwrap_model=lambda m: m, is_main_process=True, wait_for_everyone=lambda: None)
     trainer = SimpleNamespace(
@@ -584,7 +584,7 @@ def logging_off() -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    logging.getLogger("hf_grpo.miniature.vllm_server").setLevel(logging.WARNING)
+    logging.getLogger("hf_grpo.vllm_standin.server").setLevel(logging.WARNING)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

@@ -166,18 +166,25 @@ def hardware_problems(
                 "machine has none; set generation.backend: transformers"
             )
     else:
-        # a miniature's stand-in server runs on the CPU and takes no GPU
-        server = len(generation.server_gpus()) if generation.starts_server() and not vllm_standin else 0
-        per_machine = layout.num_processes // max(layout.num_machines, 1)
-        if per_machine + server > machine.cuda_devices:
-            server_text = f" + {server} vLLM server GPU(s) (generation.gpus)" if server else ""
-            problems.append(
-                f"{per_machine} training process(es) per machine{server_text} need {per_machine + server} GPUs and "
-                f"this machine has {machine.cuda_devices}: set num_processes (or --num_processes) to "
-                f"{max(machine.cuda_devices - server, 1)}"
-            )
-        if get("bf16") is True and not machine.bf16:
-            problems.append("bf16: true needs a GPU with bf16 (Ampere or newer); set bf16: false and fp16: true")
+        problems += _gpu_problems(get, layout, generation, machine, vllm_standin)
+    return problems
+
+
+def _gpu_problems(get, layout, generation, machine: Machine, vllm_standin: bool) -> list[str]:
+    """What a GPU machine lacks for the recipe: enough GPUs for the processes and the server, bf16 support."""
+    problems = []
+    # a miniature's stand-in server runs on the CPU and takes no GPU
+    server = len(generation.server_gpus()) if generation.starts_server() and not vllm_standin else 0
+    per_machine = layout.num_processes // max(layout.num_machines, 1)
+    if per_machine + server > machine.cuda_devices:
+        server_text = f" + {server} vLLM server GPU(s) (generation.gpus)" if server else ""
+        problems.append(
+            f"{per_machine} training process(es) per machine{server_text} need {per_machine + server} GPUs and "
+            f"this machine has {machine.cuda_devices}: set num_processes (or --num_processes) to "
+            f"{max(machine.cuda_devices - server, 1)}"
+        )
+    if get("bf16") is True and not machine.bf16:
+        problems.append("bf16: true needs a GPU with bf16 (Ampere or newer); set bf16: false and fp16: true")
     return problems
 
 

@@ -4,30 +4,11 @@
     python -m hf_grpo.hub outputs/tiny me/tiny-grpo           # the adapter, private repo
     python -m hf_grpo.hub outputs/qwen7b me/qwen7b-grpo --merged --public --revision v1
 
-What goes up (one commit): the adapter (``adapter_model.safetensors``, ``adapter_config.json``) or, for a full
-fine-tune, the model weights and config; the tokenizer files; the run's ``recipe.yaml``, ``eval_results.json``,
-``training_history.json``, ``training_curves.png``, ``summary.md`` and the per-problem held-out records
-``eval_*.jsonl``; and ``README.md``, the model card (``hf_grpo.card.model_card``: its text and metadata are described
-there). Nothing else: no ``checkpoint-*/``, ``vllm_adapters/``, ``base_model/`` (the embedded tiny model's locally
-built base), optimizer states, ``*.bin`` or other pickles. With ``--merged`` the adapter is folded into its base model
-(``merge_and_unload``) and the merged ``model.safetensors`` goes up instead of the adapter.
-
-No path of the training machine goes up: ``recipe.yaml`` (its ``# resolved from ...`` header and values such as
-``output_dir``), ``summary.md``, the JSON files (``adapter_config.json``'s ``base_model_name_or_path``) and the card are
-uploaded with local paths replaced by their file names (``public_files``, with the helpers of ``hf_grpo.card``); the
-files on disk are left as they are.
-
-The token comes only from the environment (``HF_TOKEN``, or ``HUGGING_FACE_HUB_TOKEN``, the names huggingface_hub
-reads), never from an argument, a file or the token that ``hf auth login`` saved. It is handed to
-``huggingface_hub.HfApi`` in memory and sent only in the ``Authorization`` header. Before anything is sent, every
-file to be uploaded (the card included) is scanned for the token's value and for strings shaped like a Hugging Face
-token (``hf_`` followed by 30+ letters and digits); a hit refuses the push with a message naming the file, never the
-token. Error messages from the Hub client are redacted the same way.
-
-``HF_ENDPOINT`` is read when ``push`` runs (not when huggingface_hub is imported), so a test can point it at a
-local server (``tests/fixtures/fake_hub.py``). The command line exits with 2 on a user error (missing or empty
-output directory, no token in the environment, offline mode, a token found in a file, a bad repo id, a run file that
-does not parse) and 1 when the Hub refuses the upload.
+One commit holds the adapter (or, for a full fine-tune or ``--merged``, the model weights and config), the tokenizer,
+the run's reports and per-problem records and ``README.md``, the model card (``hf_grpo.card``); nothing else. Local
+paths are replaced by file names in what goes up (``public_files``); the token comes only from the environment, and
+every file is scanned for it before anything is sent. The command line exits with 2 on a user error and 1 when the
+Hub refuses the upload. What goes up and why, the token rules and ``HF_ENDPOINT``: ``docs/hub.md``.
 """
 
 from __future__ import annotations
@@ -42,21 +23,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .card import (
-    ADAPTER_FILES,
-    CARD_FILE,
-    MODEL_SHARD,
-    HubUsageError,
-    library_versions,
-    model_card,
-    public_recipe,
-    public_value,
-    read_json,
-    read_recipe,
-    run_kind,
-    scrub_paths,
-)
+from .card import CARD_FILE, model_card, public_recipe, public_value, scrub_paths
 from .outputs import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
+from .results import ADAPTER_FILES, MODEL_SHARD, RunFileError, RunResult, library_versions, run_kind
 from .tokens import TOKEN_SHAPE, env_token, redact
 
 
@@ -76,6 +45,11 @@ TOKENIZER_FILES = (
 )
 RUN_FILES = (RECIPE_FILE, EVAL_FILE, HISTORY_FILE, PLOT_FILE, SUMMARY_FILE, VERSIONS_FILE)
 DEFAULT_COMMIT_MESSAGE = "Upload GRPO-trained model (hf_grpo)"
+
+
+class HubUsageError(ValueError):
+    """Something the user can fix before a push: missing files, no token, a token inside a file, a bad repo id; the
+    CLI exits with 2 (as for a run file that does not parse, ``RunFileError``)."""
 
 
 class HubPushError(RuntimeError):
@@ -221,35 +195,32 @@ def scan_for_tokens(files: dict[str, Path | bytes], token: str | None) -> None:
 # Merge
 
 
-def _merge_base(output_dir: Path, values: dict) -> str:
-    if (output_dir / "base_model").is_dir():
-        return str(output_dir / "base_model")
-    adapter_config = read_json(output_dir / "adapter_config.json") or {}
-    base = adapter_config.get("base_model_name_or_path") or values.get("model_name_or_path")
+def _merge_base(run: RunResult) -> str:
+    if (run.output_dir / "base_model").is_dir():
+        return str(run.output_dir / "base_model")
+    base = (run.adapter_config or {}).get("base_model_name_or_path") or run.values.get("model_name_or_path")
     if not base or base == "tiny":
         raise HubUsageError(
-            f"--merged needs the base model, but neither {output_dir}/base_model nor adapter_config.json's "
+            f"--merged needs the base model, but neither {run.output_dir}/base_model nor adapter_config.json's "
             "base_model_name_or_path nor the recipe's model_name_or_path names it"
         )
     return base
 
 
-def merge_adapter(output_dir: str | Path, save_dir: str | Path) -> Path:
-    """Load the base model and the adapter of ``output_dir``, merge them and save the result (safetensors)."""
+def merge_adapter(run: RunResult, save_dir: str | Path) -> Path:
+    """Load the base model and the adapter of ``run``, merge them and save the result (safetensors)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    out = Path(output_dir)
-    _, values = read_recipe(out)
-    base = _merge_base(out, values)
+    base = _merge_base(run)
     logger.info("merging the adapter into %s", base)
     model = AutoModelForCausalLM.from_pretrained(
         base,
-        revision=values.get("model_revision") if not Path(base).exists() else None,
+        revision=run.values.get("model_revision") if not Path(base).exists() else None,
         dtype="auto",
-        trust_remote_code=bool(values.get("trust_remote_code", False)),
+        trust_remote_code=bool(run.values.get("trust_remote_code", False)),
     )
-    merged = PeftModel.from_pretrained(model, str(out)).merge_and_unload()
+    merged = PeftModel.from_pretrained(model, str(run.output_dir)).merge_and_unload()
     save_dir = Path(save_dir)
     merged.save_pretrained(save_dir, safe_serialization=True)
     return save_dir
@@ -273,29 +244,13 @@ def _check_output_dir(output_dir: Path, merged: bool) -> str:
     return kind
 
 
-def push(
-    output_dir: str | Path,
-    repo_id: str,
-    *,
-    private: bool = True,
-    merged: bool = False,
-    revision: str | None = None,
-    commit_message: str = DEFAULT_COMMIT_MESSAGE,
-    license: str | None = None,
-) -> PushResult:
-    """Create ``repo_id`` (if needed) and upload the run in ``output_dir`` to it in one commit.
-
-    The token is read from the environment (``HF_TOKEN``) and the endpoint from ``HF_ENDPOINT``, both at call time.
-    ``license`` (a Hub license id such as ``apache-2.0``) goes into the card's metadata (``resolve_license``).
-    Raises ``HubUsageError`` for what the user can fix (before anything is sent) and ``HubPushError`` when the Hub
-    refuses; neither message contains the token.
-    """
-    from huggingface_hub import CommitOperationAdd, HfApi, constants
+def _check_push(output_dir: Path, repo_id: str, merged: bool) -> str:
+    """The token, once everything the user can fix before a push is fine (``HubUsageError`` otherwise)."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
-    out = Path(output_dir)
-    _check_output_dir(out, merged)
+    _check_output_dir(output_dir, merged)
     try:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
@@ -308,34 +263,63 @@ def push(
         )
     if constants.is_offline_mode():
         raise HubUsageError("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set; unset it to push to the Hub")
+    return token
+
+
+def _uploads(run: RunResult, card: bytes, token: str, merged: bool, tmp: str) -> tuple[dict, list[str]]:
+    """(path in repo -> bytes or file, left-out entries): the card first, every file scanned for the token."""
+    found, left_out = collect_files(run.output_dir, weights=not merged)
+    scan_for_tokens(found, token)  # before anything is sent; the files first, since the card quotes some
+    files = public_files(found)  # local paths replaced by file names (recipe.yaml, adapter_config.json, ...)
+    scan_for_tokens(files, token)  # what is actually sent
+    uploads: dict[str, Path | bytes] = {CARD_FILE: card}
+    scan_for_tokens(uploads, token)
+    if merged:  # after the cheap checks: merging a large model takes a while
+        merged_dir = merge_adapter(run, tmp)
+        found = {p.name: p for p in merged_dir.iterdir() if p.name in MODEL_FILES or MODEL_SHARD.match(p.name)}
+        weights = public_files(found)
+        scan_for_tokens(weights, token)
+        files.update(weights)
+    uploads.update(sorted(files.items()))
+    return uploads, left_out
+
+
+def push(
+    output_dir: str | Path,
+    repo_id: str,
+    *,
+    private: bool = True,
+    merged: bool = False,
+    revision: str | None = None,
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
+    license: str | None = None,
+    run: RunResult | None = None,
+) -> PushResult:
+    """Create ``repo_id`` (if needed) and upload the run in ``output_dir`` to it in one commit.
+
+    The token is read from the environment (``HF_TOKEN``) and the endpoint from ``HF_ENDPOINT``, both at call time.
+    ``license`` (a Hub license id such as ``apache-2.0``) goes into the card's metadata (``resolve_license``). ``run``
+    is the run's result when the caller holds it (the training run), else it is read (``RunResult.load``).
+    Raises ``HubUsageError`` for what the user can fix (before anything is sent), ``RunFileError`` for a run file
+    that does not parse, and ``HubPushError`` when the Hub refuses; no message contains the token.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi, constants
+
+    out = Path(output_dir)
+    token = _check_push(out, repo_id, merged)
+    run = run or RunResult.load(out)
     revision = revision or None
-    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
     with tempfile.TemporaryDirectory(prefix="hf_grpo_merged_") as tmp:
-        found, left_out = collect_files(out, weights=not merged)
-        scan_for_tokens(found, token)  # before anything is sent; the files first, since the card quotes some
-        files = public_files(found)  # local paths replaced by file names (recipe.yaml, adapter_config.json, ...)
-        scan_for_tokens(files, token)  # what is actually sent
-        uploads: dict[str, Path | bytes] = {
-            CARD_FILE: model_card(out, repo_id, merged=merged, license=license).encode()
-        }
-        scan_for_tokens(uploads, token)
-        if merged:  # after the cheap checks: merging a large model takes a while
-            merged_dir = merge_adapter(out, tmp)
-            found = {p.name: p for p in merged_dir.iterdir() if p.name in MODEL_FILES or MODEL_SHARD.match(p.name)}
-            weights = public_files(found)
-            scan_for_tokens(weights, token)
-            files.update(weights)
-        uploads.update(sorted(files.items()))
-
-        api = HfApi(
-            endpoint=endpoint, token=token, library_name="hf_grpo", library_version=library_versions()["hf_grpo"]
-        )
+        card = model_card(run, repo_id, merged=merged, license=license).encode()
+        uploads, left_out = _uploads(run, card, token, merged, tmp)
+        endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        version = library_versions()["hf_grpo"]
+        api = HfApi(endpoint=endpoint, token=token, library_name="hf_grpo", library_version=version)
         with _hub_errors(repo_id, token):
             repo_url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
         full_id = repo_url.repo_id or repo_id
         if full_id != repo_id:  # "name" alone lands in the token owner's namespace: the card shows the real id
-            uploads[CARD_FILE] = model_card(out, full_id, merged=merged, license=license).encode()
+            uploads[CARD_FILE] = model_card(run, full_id, merged=merged, license=license).encode()
             scan_for_tokens({CARD_FILE: uploads[CARD_FILE]}, token)
         with _hub_errors(full_id, token):
             if revision and revision != "main":
@@ -373,9 +357,9 @@ def _hub_errors(repo_id: str, token: str):
 # Command line
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.hub") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_grpo.hub",
+        prog=prog,
         description="Push a finished hf_grpo run (adapter or merged model, with a model card) to the Hugging Face "
         "Hub. The token is read from the HF_TOKEN environment variable only.",
     )
@@ -403,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             commit_message=args.message,
             license=args.license,
         )
-    except HubUsageError as exc:
+    except (HubUsageError, RunFileError) as exc:
         print(f"hf_grpo.hub: error: {redact(str(exc), env_token())}", file=sys.stderr)  # noqa: T201
         return 2
     except HubPushError as exc:

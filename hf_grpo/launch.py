@@ -7,15 +7,24 @@ config's process count (the same thing ``accelerate launch --num_processes`` doe
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from .generation.layout import format_env_command, server_command, training_gpus
+from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
-from .watchdog import signal_group  # each launch leads its own group (start_new_session)
+from .vllm_standin import STANDIN_DIR
+from .watchdog import Watchdog, signal_group  # each launch leads its own group (start_new_session)
 
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -141,7 +150,6 @@ def accelerate_command(layout: Layout, recipe_args: list[str], extra: list[str] 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -185,7 +193,6 @@ class Command:
     url: str | None = None  # the server's
 
     def __str__(self) -> str:
-        from .generation.layout import format_env_command
 
         return format_env_command(self.env, self.argv)
 
@@ -202,9 +209,6 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
     on a CPU), free ports instead of the recipe's, the vLLM stand-in on the training processes' path, and a recipe
     for several machines becomes one launch per simulated machine (``--machine_rank``), all on 127.0.0.1.
     """
-    import dataclasses
-
-    from .generation.layout import server_command, training_gpus
 
     gen, model, commands, train_env = recipe.generation, recipe.model, [], {}
     mini = recipe.miniature
@@ -216,8 +220,6 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
         if mini.trl_cpu_weight_transfer and "vllm_group_port" not in recipe.values:
             train_argv += ["--vllm_group_port", str(free_port())]  # TRL's default 51216 would clash between runs
         if mini.vllm_standin:
-            from .miniature.vllm_standin import STANDIN_DIR
-
             train_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STANDIN_DIR), os.environ.get("PYTHONPATH")]))
     if gen.starts_server():
         installed = find_vllm()
@@ -254,8 +256,6 @@ def resolve_program(argv: list[str]) -> list[str]:
 
     Raises ProgramNotFound naming the program and how to get it.
     """
-    import shutil
-    import sys
 
     program = argv[0]
     if os.sep in program or shutil.which(program):
@@ -294,11 +294,6 @@ def run_launcher(recipe, argv: list[str]) -> int:
     memory) leaves it to its watchdog (``hf_grpo.watchdog``), which then sends each group SIGTERM, then SIGKILL after
     ``WATCHDOG_GRACE_S``.
     """
-    import signal
-    import subprocess
-
-    from .generation.server import VLLMServerProcess
-    from .watchdog import Watchdog
 
     commands = plan_commands(recipe, argv)
     for command in commands:
@@ -339,8 +334,6 @@ def run_launcher(recipe, argv: list[str]) -> int:
 
 def _stop_all(children, signum) -> None:
     """Send ``signum`` to each running launch's process group; SIGKILL what still runs after ``STOP_GRACE_S``."""
-    import signal
-    import subprocess
 
     for child in children:
         if child.poll() is None:
@@ -356,7 +349,6 @@ def _stop_all(children, signum) -> None:
 
 def _wait_all(children) -> int:
     """Wait for every training launch; when one fails, stop the others (a simulated machine would wait forever)."""
-    import signal
 
     while True:
         codes = [child.poll() for child in children]

@@ -1,7 +1,9 @@
 """One training run in this process: policy, data, rewards, trainer, evaluations, then the run's outputs.
 
 ``hf_grpo.train`` (the command line and ``train()``) loads and checks the recipe, then calls ``run``; under
-``accelerate launch`` every process runs it.
+``accelerate launch`` every process runs it. ``run`` reads as its steps: save the recipe, build the trainer, train
+and evaluate, then hand the run's result (``hf_grpo.results.RunResult``, built from memory) to the report, the
+trackers and the model card, and push when the recipe asks.
 """
 
 from __future__ import annotations
@@ -10,9 +12,24 @@ import logging
 import os
 from pathlib import Path
 
+import yaml
+
+from .card import write_local_card
+from .checkpoints import CheckpointError, resolve_resume
+from .data import load_grpo_datasets
+from .data.loaders import eval_grader, is_local_file, source_splits
+from .evaluation.report import write_report
+from .evaluation.stats import gain_from_run
+from .hub import push as push_to_hub
 from .launch import SERVER_STARTED_ENV, apply_thread_policy
+from .miniature import activate
 from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
+from .progress import enabled_for
 from .recipe import Recipe, RecipeError
+from .results import RunResult, library_versions
+from .rewards import load_reward_funcs
+from .rewards.wrapper import RewardFailedError
+from .trackers import TrackerSetup, log_evaluation, setup_trackers
 
 
 logger = logging.getLogger("hf_grpo")
@@ -26,12 +43,10 @@ def load_policy(recipe: Recipe):
 
     model_args, args = recipe.model, recipe.training
     if model_args.model_name_or_path == "tiny":
-        from .tiny import build_model, build_tokenizer, warm_start
+        from .tiny import build_model, build_tokenizer, warm_start  # torch: loaded when a run starts, not --help
 
         tokenizer = build_tokenizer(seed=args.seed)
         model = build_model(tokenizer, seed=args.seed, hidden_size=model_args.tiny_hidden_size)
-        from .progress import enabled_for
-
         steps, lr = model_args.warm_start_steps, model_args.warm_start_lr
         warm_start(model, tokenizer, steps, lr=lr, seed=args.seed, progress=enabled_for(args))
         base_dir = Path(args.output_dir) / "base_model"
@@ -62,20 +77,20 @@ def load_policy(recipe: Recipe):
     return model, tokenizer
 
 
-def save_recipe(recipe: Recipe) -> None:
-    """Copy the resolved recipe (its explicit values and overrides) into ``output_dir`` for provenance and the Hub."""
-    import yaml
+def save_recipe(recipe: Recipe) -> str | None:
+    """Copy the resolved recipe (its explicit values and overrides) into ``output_dir`` for provenance and the Hub,
+    with the library versions beside it; returns the text written (None on the other processes)."""
+    from .evaluation.history import write_json  # transformers: loaded when a run starts, not for --help
 
     if recipe.training.process_index != 0:
-        return
+        return None
     out = Path(recipe.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
-    (out / RECIPE_FILE).write_text(header + yaml.safe_dump(recipe.values, sort_keys=False))
-    from .card import library_versions
-    from .evaluation.history import write_json
-
+    text = header + yaml.safe_dump(recipe.values, sort_keys=False)
+    (out / RECIPE_FILE).write_text(text)
     write_json(out / VERSIONS_FILE, library_versions())
+    return text
 
 
 def resume_target(args, num_processes: int) -> str | None:
@@ -84,8 +99,6 @@ def resume_target(args, num_processes: int) -> str | None:
     Raises RecipeError, before anything loads, for a checkpoint path that is incomplete, damaged or written by another
     number of processes (``checkpoints.py``).
     """
-    from .checkpoints import CheckpointError, resolve_resume
-
     try:
         return resolve_resume(args.resume_from_checkpoint, args.output_dir, num_processes)
     except CheckpointError as exc:
@@ -95,28 +108,46 @@ def resume_target(args, num_processes: int) -> str | None:
 def run(recipe: Recipe) -> dict:
     """Train the recipe; returns the before/after evaluation (empty when disabled)."""
     if recipe.miniature is not None:  # before TRL's generation modules are imported: they look for vllm once
-        from .miniature import activate
-
         activate(recipe.miniature)
-    from trl import get_peft_config
-
-    from .data import load_grpo_datasets
-    from .data.loaders import eval_grader
-    from .evaluation.history import HistoryCallback, write_json
-    from .evaluation.report import write_report
-    from .evaluation.tasks import TaskEvaluator
-    from .rewards import load_reward_funcs
-    from .rewards.isolation import RewardFailedError
-    from .trackers import setup_trackers
-    from .trainer import GRPOTrainer
-
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
     args = recipe.training
     resume = resume_target(args, int(os.environ.get("WORLD_SIZE", "1")))  # before anything loads
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
-    save_recipe(recipe)
+    recipe_text = save_recipe(recipe)
     trackers = setup_trackers(recipe)  # the project (recipe > environment > default), before the trainer is built
+    trainer, evaluator, history = build_trainer(recipe)
+
+    def result_of(evaluations: dict | None) -> RunResult:  # what this process holds, as one result
+        values, records = recipe.values, history.records
+        return RunResult.from_training(
+            args.output_dir, values=values, recipe_text=recipe_text, history=records, evaluations=evaluations
+        )
+
+    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure=lambda: write_report(result_of(None)))
+    if trainer.accelerator.is_main_process:
+        result = result_of(results)
+        write_outputs(result, trainer, trackers)
+        if push:
+            private = args.hub_private_repo is not False
+            pushed = push_to_hub(
+                args.output_dir, args.hub_model_id, private=private, revision=args.hub_revision, run=result
+            )
+            logger.info("pushed to %s", pushed.repo_url)
+    trainer.accelerator.wait_for_everyone()
+    return results
+
+
+def build_trainer(recipe: Recipe):
+    """(trainer, evaluator or None, history): data, policy, the held-out evaluator, the generator and the GRPO
+    trainer; ``history`` (a ``HistoryCallback``) writes ``training_history.json`` and keeps its records in memory."""
+    from trl import get_peft_config
+
+    from .evaluation.history import HistoryCallback  # transformers: loaded when a run starts, not for --help
+    from .evaluation.tasks import TaskEvaluator  # the same
+    from .trainer import GRPOTrainer  # the same
+
+    args = recipe.training
     try:  # before the model: a missing column or split is a recipe error, found in seconds rather than after loading
         train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
     except (ValueError, FileNotFoundError) as exc:
@@ -124,27 +155,11 @@ def run(recipe: Recipe) -> dict:
     model, tokenizer = load_policy(recipe)
     evaluator = None
     if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout
-        evaluator = TaskEvaluator(
-            eval_dataset, eval_grader(recipe.data), args, grade_timeout=recipe.rewards.reward_timeout
-        )
-    results = {}
-    generator = None
-    gen = recipe.generation
-    if gen.backend == "vllm_server" and gen.sync_mode(recipe.model.use_peft) == "lora":
-        from .generation.server_generator import ServerGenerator
-
-        generator = ServerGenerator(
-            gen.url,
-            Path(args.output_dir) / "vllm_adapters",
-            gen.request_timeout,
-            gen.max_retries,
-            gen.server_timeout,
-            args.seed if gen.seed is None else gen.seed,  # reproducible sampling; layout.py documents this default
-            # the server command our launcher starts sets processed_logprobs; a server the user started is checked
-            check_logprobs=gen.base_url is not None and os.environ.get(SERVER_STARTED_ENV) != "1",
-        )
+        grader = eval_grader(recipe.data)
+        evaluator = TaskEvaluator(eval_dataset, grader, args, grade_timeout=recipe.rewards.reward_timeout)
+    history = HistoryCallback(args.output_dir)
     trainer = GRPOTrainer(
-        generator=generator,
+        generator=_server_generator(recipe),
         model=model,
         reward_funcs=load_reward_funcs(recipe.rewards),
         args=args,
@@ -152,59 +167,77 @@ def run(recipe: Recipe) -> dict:
         eval_dataset=eval_dataset if args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=get_peft_config(recipe.model),
-        callbacks=[HistoryCallback(args.output_dir)],
+        callbacks=[history],
     )
     trainer.max_unscored_calls = recipe.rewards.reward_max_failed_calls
     state = trainer.accelerator.state
     logger.info(
         "training on %d process(es), %s, device %s", state.num_processes, state.distributed_type.value, state.device
     )
-    if evaluator is not None and args.eval_before_after:
+    return trainer, evaluator, history
+
+
+def _server_generator(recipe: Recipe):
+    """The generator that syncs LoRA adapters to a vLLM server (``vllm_server`` with ``lora`` sync), else None."""
+    args, gen = recipe.training, recipe.generation
+    if gen.backend != "vllm_server" or gen.sync_mode(recipe.model.use_peft) != "lora":
+        return None
+    from .generation.server_generator import ServerGenerator  # peft, safetensors: only for a server-mode run
+
+    return ServerGenerator(
+        gen.url,
+        Path(args.output_dir) / "vllm_adapters",
+        gen.request_timeout,
+        gen.max_retries,
+        gen.server_timeout,
+        args.seed if gen.seed is None else gen.seed,  # reproducible sampling; layout.py documents this default
+        # the server command our launcher starts sets processed_logprobs; a server the user started is checked
+        check_logprobs=gen.base_url is not None and os.environ.get(SERVER_STARTED_ENV) != "1",
+    )
+
+
+def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, on_failure) -> dict:
+    """Evaluate before, train (with the periodic evaluation), save, evaluate after; returns ``eval_results.json``'s
+    content (empty without the before/after evaluation), which the main process writes. ``on_failure`` runs on the
+    main process when a broken reward stops training (the report then shows the run up to there)."""
+    args, results = recipe.training, {}
+    before_after = evaluator is not None and args.eval_before_after
+    tokenizer = trainer.processing_class
+    if before_after:
         # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
         # shards, and only the trainer's unwrap gathers them for generation.
         results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
     if evaluator is not None and args.task_eval_steps > 0:
-        trainer.add_callback(evaluator.callback(trainer))
+        trainer.add_callback(evaluator.callback(trainer, log_evaluation))
     try:
         trainer.train(resume_from_checkpoint=resume)
-    except RewardFailedError:  # stopped early for a broken reward: the report shows the run up to there
+    except RewardFailedError:
         if trainer.accelerator.is_main_process:
-            write_report(args.output_dir)
+            on_failure()
         raise
     trainer.save_model(args.output_dir)
-
-    if evaluator is not None and args.eval_before_after:
+    if before_after:
         results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
     if evaluator is not None:
         evaluator.close()
-    if trainer.accelerator.is_main_process:
-        if results:
-            results["gain"] = paired_gain_of_run(args.output_dir)
-            results["settings"] = eval_settings(recipe, evaluator)
-            write_json(Path(args.output_dir) / EVAL_FILE, results)
-            logger.info(
-                "held-out accuracy: before %.3f, after %.3f",
-                results["before"]["accuracy"],
-                results["after"]["accuracy"],
-            )
-        write_report(args.output_dir)
-        trackers.log_story(trainer)  # before/after, gain, plot and recipe to wandb / trackio / tensorboard
-        from .card import write_local_card
+    if results and trainer.accelerator.is_main_process:
+        from .evaluation.history import write_json  # see save_recipe
 
-        write_local_card(args.output_dir)  # our model card replaces the blank README.md PEFT's save_pretrained leaves
-        logger.info("outputs in %s", args.output_dir)
-        if push:
-            from .hub import push as push_to_hub
-
-            result = push_to_hub(
-                args.output_dir,
-                args.hub_model_id,
-                private=args.hub_private_repo is not False,
-                revision=args.hub_revision,
-            )
-            logger.info("pushed to %s", result.repo_url)
-    trainer.accelerator.wait_for_everyone()
+        results["gain"] = paired_gain_of_run(args.output_dir)
+        results["settings"] = eval_settings(recipe, evaluator)
+        write_json(Path(args.output_dir) / EVAL_FILE, results)
+        logger.info(
+            "held-out accuracy: before %.3f, after %.3f", results["before"]["accuracy"], results["after"]["accuracy"]
+        )
     return results
+
+
+def write_outputs(run: RunResult, trainer, trackers: TrackerSetup) -> None:
+    """The report, the trackers' story and the model card, all from ``run`` (main process)."""
+    write_report(run)
+    trackers.log_story(trainer, run)  # before/after, gain, plot and recipe to wandb / trackio / tensorboard
+    write_local_card(run)  # our model card replaces the blank README.md PEFT's save_pretrained leaves
+    logger.info("outputs in %s", run.output_dir)
 
 
 def eval_settings(recipe: Recipe, evaluator) -> dict:
@@ -213,8 +246,6 @@ def eval_settings(recipe: Recipe, evaluator) -> dict:
     ``dataset`` is a hub id or preset name as the recipe gives it; a local file is recorded by its file name only, so
     nothing machine-specific reaches the Hub card.
     """
-    from .data.loaders import is_local_file, source_splits
-
     spec, split = source_splits(recipe.data).get("eval", (recipe.data.resolved(), "train (eval_split_size)"))
     name = spec["name"]
     return {
@@ -231,8 +262,6 @@ def eval_settings(recipe: Recipe, evaluator) -> dict:
 
 def paired_gain_of_run(output_dir: str) -> dict | None:
     """The paired before/after difference with its 95% interval, from the run's per-problem records."""
-    from .evaluation.stats import gain_from_run
-
     try:
         return gain_from_run(output_dir)
     except ValueError as exc:  # records that cannot be paired: the report leaves the interval out

@@ -1,25 +1,19 @@
 """Dynamic sampling (DAPO, https://huggingface.co/papers/2503.14476): which prompt groups to keep, and the pool of
 kept groups that fills each batch exactly.
 
-Everything here is pure tensor bookkeeping, independent of the trainer, so it is unit-tested on hand-made rewards:
-
-- ``keep_mask(values, G)``: a group is kept when its values are not all equal (all-equal rewards give every
-  completion a zero advantage, hence no policy gradient). Unscorable completions (NaN) are ignored; a group needs two
-  distinct finite values to be kept.
-- ``split_groups`` / ``collate_groups``: cut a scored batch (the dict TRL's ``_generate_and_score_completions``
-  returns) into groups of ``G`` rows and put groups from different generation rounds back together, re-padding
-  prompts on the left and completions on the right.
-- ``GroupPool``: carried-over and freshly kept groups, first in first out, so a carried group waits at most one
-  optimizer step.
-- ``PromptStream``: the deterministic stream of extra prompts for the second and later generation rounds; its whole
-  state is ``(epoch, cursor)``, which is checkpointed.
+Pure tensor bookkeeping, unit-tested on hand-made rewards: ``keep_mask`` (a group is kept when its values are not
+all equal), ``split_groups`` / ``collate_groups``, ``GroupPool`` (kept and carried-over groups, first in first out),
+``PromptStream`` (the extra prompts of later rounds) and ``save_state`` / ``load_state``. Details: docs/trainer.md.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 
 import torch
+from safetensors.torch import load_file, save_file
 
 
 Group = dict[str, torch.Tensor]  # every tensor has G rows
@@ -34,6 +28,8 @@ COMPLETION_KEYS = (  # right-padded along the completion axis
     "tool_mask",
 )
 ROW_KEYS = ("advantages",)
+STATE_FILE = "hf_grpo_state_rank{rank}.json"
+POOL_FILE = "hf_grpo_pool_rank{rank}.safetensors"
 
 
 def keep_mask(values: torch.Tensor, num_generations: int, atol: float = 1e-6) -> torch.Tensor:
@@ -175,3 +171,27 @@ class PromptStream:
 
     def state(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor}
+
+
+def save_state(folder: str, rank: int, stream: PromptStream, pool: GroupPool, keep_digest: str) -> None:
+    """Write process ``rank``'s sampling state into checkpoint ``folder``: the stream position, the carried groups'
+    count and the digest of every keep decision (``STATE_FILE``), and the carried groups (``POOL_FILE``)."""
+    os.makedirs(folder, exist_ok=True)
+    state = {"stream": stream.state(), "pool_groups": len(pool), "keep_digest": keep_digest}
+    with open(os.path.join(folder, STATE_FILE.format(rank=rank)), "w") as f:
+        json.dump(state, f)
+    save_file(pool.state_tensors(), os.path.join(folder, POOL_FILE.format(rank=rank)))
+
+
+def load_state(checkpoint: str, rank: int, stream: PromptStream, device) -> GroupPool:
+    """Move ``stream`` to where ``save_state`` left it in ``checkpoint`` and return the carried groups, on ``device``."""
+    path = os.path.join(checkpoint, STATE_FILE.format(rank=rank))
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} is missing: the checkpoint was written without dynamic sampling or with a different number "
+            "of processes; resume with the same dynamic_sampling setting and process count"
+        )
+    with open(path) as f:
+        state = json.load(f)
+    stream.epoch, stream.cursor = state["stream"]["epoch"], state["stream"]["cursor"]
+    return GroupPool.from_state_tensors(load_file(os.path.join(checkpoint, POOL_FILE.format(rank=rank))), device)

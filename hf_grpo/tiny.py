@@ -1,19 +1,9 @@
 """A tiny Qwen2-architecture model and tokenizer built locally, plus a short supervised warm start.
 
-The embedded default run (``recipes/tiny.yaml``) and the tests need a causal LM that exists without a hub. This
-module builds one from scratch:
-
-- a byte-level BPE tokenizer trained on the embedded arithmetic corpus, wrapped in ``PreTrainedTokenizerFast`` with
-  a ChatML chat template (``<|im_start|>`` / ``<|im_end|>``, end of turn = EOS), left padding;
-- a ``Qwen2ForCausalLM`` with 2 layers and hidden size 64 (about 150k parameters, the default recipe's size);
-- ``warm_start``: a few hundred supervised steps on train-split problems, so GRPO starts from a model that knows
-  the answer format but is still often wrong. Random init gives no reward signal at all (field notes: 400 GRPO
-  steps from scratch learned nothing), so every GRPO demo on a model this small needs such a start.
-
-Prompt and completion are tokenized separately and concatenated, exactly as GRPOTrainer does at generation time, so
-the prompt/completion token boundary is the same in supervised and RL training.
-
-Run ``python -m hf_grpo.tiny OUT_DIR`` to write a warm-started model and tokenizer to ``OUT_DIR``.
+The embedded default run (``recipes/tiny.yaml``) and the tests need a causal LM that exists without a hub:
+``build_tokenizer`` (byte-level BPE, ChatML template), ``build_model`` (2 layers, about 150k parameters),
+``warm_start`` (a few hundred supervised steps, so GRPO sees a reward signal) and ``build_tiny``. Why and how:
+docs/data.md. Run ``python -m hf_grpo.tiny OUT_DIR`` to write a warm-started model and tokenizer to ``OUT_DIR``.
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """The experiment trackers of ``report_to`` (wandb, trackio, tensorboard) get the whole story of a run.
 
 Transformers' integration callbacks log the training metrics as training goes. This module adds what they do not:
-
-- the project name, before the trainer is built (``setup_trackers``). Precedence, for each tracker: the recipe's
-  ``project`` key (set in the recipe file or as ``--project``) > the tracker's own environment variable > the other
-  tracker's one > Transformers' default ``"huggingface"``. Trackio reads ``TrainingArguments.project`` only (not
-  ``TRACKIO_PROJECT``), so the chosen name is written there; wandb reads ``WANDB_PROJECT`` only (not ``project``), so
-  it is written to that variable of this process when the recipe sets ``project`` or only ``TRACKIO_PROJECT`` is set.
-  A run with trackio and no ``run_name`` gets one (``<output_dir name>-<time>``): the story reopens the run by name.
-- held-out accuracy during training (``log_evaluation``, called by the periodic task evaluation): a record of its
-  own at its step, which the integration callbacks get as ``eval_accuracy`` (Transformers' spelling of an
-  evaluation metric, which wandb / trackio / tensorboard write as ``eval/accuracy``) and every other callback, among
-  them the one writing ``training_history.json``, as ``eval/accuracy``. Logged through the trainer's metrics, it
-  would reach the trackers as ``train/eval/accuracy``.
-- after training (``TrackerSetup.log_story``, main process, once ``eval_results.json``, ``training_curves.png`` and
-  ``recipe.yaml`` are written): ``eval/accuracy_before``, ``eval/accuracy_after``, ``eval/gain``, ``eval/gain_low``,
-  ``eval/gain_high`` (the paired 95% interval), the plot as an image (``training_curves``) and the resolved recipe
-  (``recipe``), tracker by tracker:
-
-  * wandb: ``WandbCallback`` leaves its run open after training (wandb's exit hook finishes it at interpreter exit),
-    so the story goes into that run: ``wandb.log`` (the values, which also become the run's summary, and a
-    ``wandb.Image``) and ``config.update({"recipe": ...})``. The run is then finished (``wandb.finish()``), so a
-    notebook's next ``train()`` starts a new one; a run that was open before training (the user's own) is left open.
-  * trackio: ``TrackioCallback`` finishes its run in ``on_train_end``, before the after-training evaluation, so the
-    run is reopened (``trackio.init(..., resume="must")`` with the project, name and Space of the callback), given
-    the values and a ``trackio.Image`` with ``trackio.log``, and finished again. A reopened run's stored config is
-    replaced by the one it is opened with, so it is opened with the config the callback stored plus ``recipe``.
-  * tensorboard: ``TensorBoardCallback`` closes its writer in ``on_train_end``; a new ``SummaryWriter`` on the same
-    directory writes the scalars at the last step, the image (``add_image``) and the recipe as YAML text
-    (``add_text``) into a second event file, which TensorBoard reads with the first, and is closed.
-
-A tracker that cannot take the story gets a warning that names it and the reason; the finished run goes on.
+the project name, before the trainer is built (``setup_trackers``: the recipe's ``project`` > the tracker's own
+environment variable > the other tracker's one > ``"huggingface"``); held-out accuracy during training as a record of
+its own (``log_evaluation``); and after training (``TrackerSetup.log_story``, main process, from the run's
+``RunResult``) ``eval/accuracy_before``, ``eval/accuracy_after``, ``eval/gain``, ``eval/gain_low``,
+``eval/gain_high`` (the paired 95% interval), the plot as an image (``training_curves``) and the resolved recipe
+(``recipe``). How each tracker is reached after its callback has finished: ``docs/trackers.md``. A tracker that
+cannot take the story gets a warning that names it and the reason; the finished run goes on.
 """
 
 from __future__ import annotations
@@ -43,7 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .outputs import EVAL_FILE, PLOT_FILE, RECIPE_FILE
+from .outputs import PLOT_FILE
+from .results import RunResult
 
 
 logger = logging.getLogger(__name__)
@@ -75,14 +53,15 @@ class TrackerSetup:
     output_dir: Path
     wandb_run_before: str | None = None  # id of a wandb run open before training: the user's, left open
 
-    def log_story(self, trainer) -> None:
-        """Log the before/after result, the plot and the recipe to every active tracker (main process only)."""
+    def log_story(self, trainer, run: RunResult) -> None:
+        """Log the before/after result, the plot and the recipe of ``run`` to every active tracker (main process
+        only)."""
         loggers = {"WandbCallback": _story_to_wandb, "TrackioCallback": _story_to_trackio}
         loggers["TensorBoardCallback"] = _story_to_tensorboard
         callbacks = [cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ in loggers]
         if not callbacks:
             return
-        story = read_story(self.output_dir, trainer.state.global_step)
+        story = story_of(run, trainer.state.global_step)
         for callback in callbacks:
             name = type(callback).__name__
             try:
@@ -108,7 +87,9 @@ def setup_trackers(recipe) -> TrackerSetup:
 
 def log_evaluation(trainer, metrics: dict[str, float]) -> None:
     """Send ``metrics`` (``{"accuracy": 0.4}``) as one log record of the current step to the trainer's callbacks:
-    ``eval_<name>`` to the integration callbacks (``report_to``), ``eval/<name>`` to the others."""
+    ``eval_<name>`` to the integration callbacks (``report_to``: Transformers' spelling of an evaluation metric, which
+    wandb / trackio / tensorboard write as ``eval/<name>``), ``eval/<name>`` to the others (``HistoryCallback``).
+    Logged through the trainer's metrics instead, it would reach the trackers as ``train/eval/<name>``."""
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     integrations = tuple(INTEGRATION_TO_CALLBACK.values())
@@ -142,31 +123,22 @@ def log_evaluation(trainer, metrics: dict[str, float]) -> None:
 class Story:
     scalars: dict[str, float]  # eval/accuracy_before, eval/accuracy_after, eval/gain, eval/gain_low, eval/gain_high
     plot: Path | None  # training_curves.png
-    recipe: dict  # recipe.yaml, parsed
+    recipe: dict  # the recipe's values
     recipe_text: str  # recipe.yaml as written
     step: int  # the last optimizer step
 
 
-def read_story(output_dir: Path, step: int) -> Story:
-    """The story of the run in ``output_dir``, from the files ``hf_grpo.train`` wrote there."""
-    import json
-
-    import yaml
-
+def story_of(run: RunResult, step: int) -> Story:
+    """The story of ``run``, the result of the run that ended at optimizer step ``step``."""
     scalars = {}
-    results_path = output_dir / EVAL_FILE
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    if "before" in results and "after" in results:
-        before, after = results["before"]["accuracy"], results["after"]["accuracy"]
+    if run.has_eval:
+        before, after = run.evaluations["before"]["accuracy"], run.evaluations["after"]["accuracy"]
         scalars = {"eval/accuracy_before": before, "eval/accuracy_after": after, "eval/gain": after - before}
-        gain = results.get("gain")
-        if gain:
-            low, high = gain["ci95"]
-            scalars.update({"eval/gain": gain["gain"], "eval/gain_low": low, "eval/gain_high": high})
-    recipe_path = output_dir / RECIPE_FILE
-    recipe_text = recipe_path.read_text() if recipe_path.is_file() else ""
-    plot = output_dir / PLOT_FILE
-    return Story(scalars, plot if plot.is_file() else None, yaml.safe_load(recipe_text) or {}, recipe_text, step)
+        if run.gain:
+            low, high = run.gain["ci95"]
+            scalars.update({"eval/gain": run.gain["gain"], "eval/gain_low": low, "eval/gain_high": high})
+    plot = run.output_dir / PLOT_FILE
+    return Story(scalars, plot if plot.is_file() else None, run.values, run.recipe_text or "", step)
 
 
 def _wandb_errors(callback) -> tuple[type[BaseException], ...]:

@@ -5,17 +5,24 @@
     python -m hf_grpo.train recipes/qwen7b.yaml --dry-run           # check it and print layout and batch arithmetic
     python -m hf_grpo.train recipes/qwen7b.yaml --miniature         # run it on this machine in miniature (CPU)
     python -m hf_grpo.train recipes/tiny.yaml --learning_rate 1e-3  # override any key on the command line
+    hf-grpo train recipes/tiny.yaml                                 # the same, from the hf-grpo console command
 
 A run loads the policy (or builds and warm-starts the embedded tiny model), the datasets and the reward functions,
 measures held-out accuracy, trains with ``hf_grpo.GRPOTrainer``, saves the model (the adapter, as safetensors, with
 LoRA), measures held-out accuracy again and writes ``eval_results.json``, ``training_history.json`` and
-``training_curves.png`` to ``output_dir``. A recipe error exits with code 2 and a one-line message.
+``training_curves.png`` to ``output_dir``. A recipe error exits with code 2 and a one-line message. The run itself is
+``hf_grpo.pipeline``; this module is its command line and ``train()``, the same from Python.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 import logging
+import re
 import sys
+import textwrap
 
 from .generation.server import ServerStartError
 from .launch import (
@@ -27,10 +34,24 @@ from .launch import (
     run_launcher,
 )
 from .pipeline import resume_target, run
-from .recipe import SECTIONS, RecipeError, apply_env, load_recipe, render_dry_run
+from .recipe import NESTED, RecipeError, apply_env, field_index, load_recipe, nested_index, render_dry_run
+from .rewards.wrapper import RewardFailedError
 
 
 logger = logging.getLogger("hf_grpo")
+
+PROG = "python -m hf_grpo.train"  # the name in --help; `hf-grpo train` passes its own
+KEYS_HELP = """
+Every key below is a recipe key: set it in the recipe file, or override it here as --key value (a YAML scalar or
+[a, b]; dashes and underscores alike; --flag alone sets a boolean). Keys of the generation mapping are written
+--generation.key value.
+"""
+FLAG_HELP = """
+flags:
+  --dry-run     check the recipe, print the resolved values, layout, batch arithmetic and commands; run nothing
+  --miniature   run the recipe here in miniature: same code path, tiny local model and data, 2 steps, 2 processes
+                (with --dry-run: print exactly what a miniature swaps)
+"""
 
 
 def train(recipe: str | None = None, **overrides) -> dict:
@@ -39,10 +60,6 @@ def train(recipe: str | None = None, **overrides) -> dict:
     Keyword arguments override recipe keys exactly as ``--key value`` does on the command line (``generation`` takes
     a dict). Returns the before/after held-out evaluation. Raises ``RecipeError`` for a bad recipe.
     """
-    import json
-
-    from .recipe import NESTED
-
     argv = [recipe] if recipe else []
     for key, value in overrides.items():
         if key in NESTED and isinstance(value, dict):
@@ -55,34 +72,59 @@ def train(recipe: str | None = None, **overrides) -> dict:
     return run(loaded)
 
 
-FLAG_HELP = """
-flags:
-  --dry-run     check the recipe, print the resolved values, layout, batch arithmetic and commands; run nothing
-  --miniature   run the recipe here in miniature: same code path, tiny local model and data, 2 steps, 2 processes
-                (with --dry-run: print exactly what a miniature swaps)
-"""
+def type_name(hint) -> str:
+    """A key's type as help shows it: ``float``, ``str | None``, ``SchedulerType | str``."""
+    text = hint.__name__ if isinstance(hint, type) else str(hint).replace("NoneType", "None")
+    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", text)  # without module paths (typing., transformers.trainer_utils.)
 
 
-def print_help() -> None:
-    from trl import TrlParser
+def default_text(f: dataclasses.Field) -> str:
+    """A key's default as YAML would write it (``null``, ``true``, ``"linear"``), or ``required``."""
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    elif f.default is dataclasses.MISSING:
+        return "required"
+    else:
+        value = f.default
+    return json.dumps(getattr(value, "value", value), default=str)  # an enum by its value
 
-    TrlParser(tuple(SECTIONS.values()), prog="python -m hf_grpo.train [RECIPE.yaml]").print_help()
-    print(FLAG_HELP)  # noqa: T201
+
+def render_help(prog: str) -> str:
+    """``--help``: every recipe key by section, with its type, default and help, from the recipe's field index."""
+    keys = [(section, name, f, hint) for name, (section, f, hint) in field_index().items()]
+    for section in NESTED:
+        keys += [(section, f"{section}.{name}", f, hint) for name, (f, hint) in nested_index(section).items()]
+    lines = [f"usage: {prog} [RECIPE.yaml | --config RECIPE.yaml] [--KEY VALUE ...] [--dry-run] [--miniature]"]
+    lines += ["", __doc__.splitlines()[0], KEYS_HELP.rstrip()]
+    for section, fields in itertools.groupby(keys, key=lambda key: key[0]):
+        lines.append(f"\n{section} keys:")
+        for _, name, f, hint in fields:
+            choices = f.metadata.get("choices")
+            kind = "{" + ",".join(map(str, choices)) + "}" if choices else type_name(hint)
+            lines.append(f"  --{name} {kind} (default: {default_text(f)})")
+            text = " ".join(f.metadata.get("help", "").replace("%%", "%").split())  # argparse's %% escapes
+            lines += textwrap.wrap(text, width=116, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines) + "\n" + FLAG_HELP
 
 
-def main(argv: list[str] | None = None) -> int:
+def fail(message: str, status: int = 2) -> int:
+    """A one-line error on stderr (no traceback); ``status`` is the exit status."""
+    print(f"hf_grpo: error: {message}", file=sys.stderr)  # noqa: T201
+    return status
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     dry_run = any(a in ("--dry-run", "--dry_run") for a in argv)
     if any(a in ("-h", "--help") for a in argv):
-        print_help()
+        print(render_help(prog))  # noqa: T201
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     apply_thread_policy()  # before anything computes (a miniature builds its model while loading the recipe)
     try:
         recipe, _ = load_recipe(argv, for_run=not dry_run)
     except RecipeError as exc:
-        print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
-        return 2
+        return fail(exc)
     passthrough = [a for a in argv if a not in ("--dry-run", "--dry_run")]
     if dry_run:
         print(render_dry_run(recipe, [str(c) for c in plan_commands(recipe, passthrough)]))  # noqa: T201
@@ -93,29 +135,22 @@ def main(argv: list[str] | None = None) -> int:
             resume_target(recipe.training, recipe.layout.num_processes)  # a bad checkpoint: before the launch
             return run_launcher(recipe, passthrough)
         except (ProgramNotFound, RecipeError) as exc:
-            print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
-            return 2
+            return fail(exc)
         except ServerStartError as exc:  # the server did not come up, or its port was taken
-            print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
-            return 1
+            return fail(exc, status=1)
     if recipe.generation.starts_server() and inside_launch():
-        print(  # noqa: T201
-            "hf_grpo: error: this recipe starts a vLLM server (generation.backend: vllm_server), which needs the "
-            "launcher: run `python -m hf_grpo.train RECIPE` instead of `accelerate launch`, or start the server "
-            "yourself and set generation.base_url",
-            file=sys.stderr,
+        return fail(
+            "this recipe starts a vLLM server (generation.backend: vllm_server), which needs the launcher: run "
+            "`python -m hf_grpo.train RECIPE` instead of `accelerate launch`, or start the server yourself and set "
+            "generation.base_url"
         )
-        return 2
-    from .rewards.isolation import RewardFailedError
-
     try:
         run(recipe)
     except RecipeError as exc:  # found by the checks run() makes before loading (the checkpoint to resume from)
-        print(f"hf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201
-        return 2
+        return fail(exc)
     except RewardFailedError as exc:  # a reward failing on every completion, stopped early (reward_max_failed_calls)
-        print(f"\nhf_grpo: error: {exc}", file=sys.stderr)  # noqa: T201  (on a line of its own, after tqdm's)
-        return 1
+        print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
+        return fail(exc, status=1)
     return 0
 
 

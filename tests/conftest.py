@@ -1,10 +1,18 @@
-"""Shared fixtures: offline hub settings, a small thread count, and tiny models built once per session."""
+"""Shared fixtures (offline hub settings, tiny models built once per session) and the CI tiers.
+
+Markers say what a test needs (``pyproject.toml`` lists them); which CI tier runs it is decided here, in one place,
+from those markers, and chosen with ``--tier``:
+
+    python -m pytest              # tier 1, the default: everything not slow, not needing real vLLM or a GPU
+    python -m pytest --tier 2     # the slow tests: every recipe in miniature, whole runs, launches, notebooks
+    python -m pytest --tier 3     # against real vLLM (python -m hf_grpo.generation.vllm_install first)
+    python -m pytest --tier gpu   # on a CUDA machine with vLLM
+    python -m pytest --tier all   # everything
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,50 +24,31 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
+TIERS = ("1", "2", "3", "gpu", "all")
 
 
-def run_module(module: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m module args`` in a fresh interpreter from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        check=False,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+def tier_of(item) -> str:
+    """The CI tier that runs a test, from what its markers say it needs."""
+    if item.get_closest_marker("gpu"):
+        return "gpu"
+    if item.get_closest_marker("vllm"):
+        return "3"
+    if item.get_closest_marker("slow") or item.get_closest_marker("miniature"):  # a miniature is a whole run
+        return "2"
+    return "1"
 
 
-def tiny_config(output_dir, **overrides):
-    """An HfGRPOConfig for tiny-trainer tests: small batches, a few steps, no saving, no trackers, CPU-friendly."""
-    from hf_grpo.config import HfGRPOConfig
-
-    values = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=16,
-        num_generations=4,
-        max_completion_length=12,
-        learning_rate=5e-3,
-        lr_scheduler_type="constant",
-        max_steps=3,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        bf16=False,
-    )
-    values.update(overrides)
-    return HfGRPOConfig(**values)
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=TIERS, default="1", help="the CI tier to run (tests/conftest.py says which)")
 
 
-def tiny_lora():
-    from peft import LoraConfig
-
-    return LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+def pytest_collection_modifyitems(config, items):
+    tier = config.getoption("--tier")
+    if tier == "all" or config.getoption("-m"):  # -m chooses by marker and overrides the tier
+        return
+    chosen = [item for item in items if tier_of(item) == tier]
+    config.hook.pytest_deselected(items=[item for item in items if tier_of(item) != tier])
+    items[:] = chosen
 
 
 @pytest.fixture(scope="session")

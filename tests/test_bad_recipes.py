@@ -12,7 +12,7 @@ import pytest
 
 from hf_grpo.train import main
 
-from .conftest import REPO, run_module
+from .helpers.common import REPO, run_module
 
 
 TINY = str(REPO / "recipes" / "tiny.yaml")
@@ -223,7 +223,7 @@ CHECK_SECONDS = 10
 @pytest.fixture(scope="module")
 def import_seconds() -> float:
     start = time.monotonic()
-    result = run_module("hf_grpo.recipe", timeout=120)  # imports what the check imports, then exits (no __main__)
+    result = run_module("hf_grpo.recipe.load", timeout=120)  # imports what the check imports, then exits (no __main__)
     assert result.returncode == 0, result.stderr
     return time.monotonic() - start
 

@@ -21,7 +21,7 @@ from hf_grpo.rewards.functions import gsm8k_correctness
 from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.trainer import GRPOTrainer
 
-from .conftest import REPO, run_module, tiny_config, tiny_lora
+from .helpers.common import REPO, run_module, tiny_config, tiny_lora
 from .test_generation import (
     COMMON,
     FIXTURE_SERVE,
@@ -132,11 +132,12 @@ def test_the_cli_refuses_a_damaged_checkpoint_before_loading_anything(run_dir):
     assert "Traceback" not in result.stderr and "warm" not in result.stderr.lower()
 
 
-SLOW_SAVE_HOOK = REPO / "tests" / "slow_checkpoint"
+SLOW_SAVE_HOOK = REPO / "tests" / "scripts" / "slow_checkpoint"
 
 
 @pytest.mark.distributed
-@pytest.mark.miniature  # three whole launches (about 90 s): the miniature tier holds such runs
+@pytest.mark.subprocess
+@pytest.mark.slow  # three whole launches (about 90 s)
 def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and_resumes(policy_dir, tmp_path):
     """Issue 14 (acceptance 2) and issue 11 #3: SIGTERM of the launcher while the vLLM server starts, then while the
     training processes write a checkpoint, leaves no process; ``auto`` then skips the half-written checkpoint (the

@@ -10,7 +10,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 pytestmark = pytest.mark.distributed
@@ -42,7 +42,7 @@ def accelerate(config: str, *args: str, timeout: int = 900) -> subprocess.Comple
     )
 
 
-@pytest.mark.miniature  # 2.5 minutes; the miniature tier (run by CI after the default tier) holds the recipe-length runs
+@pytest.mark.slow  # 2.5 minutes: a whole recipe-length run
 def test_tiny_recipe_under_zero2_cpu_offload_with_two_processes(tmp_path):
     """The issue-13 command: tiny recipe, zero2_offload.yaml, 2 processes, `--mixed_precision no` (bf16 exits 2)."""
     out = tmp_path / "zero2"
@@ -97,7 +97,7 @@ def launch_cpu_module(module: str, *args) -> subprocess.CompletedProcess:
 
 def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
     out = tmp_path / "ranks.json"
-    result = launch_cpu_module("tests.distributed_check", out)
+    result = launch_cpu_module("tests.scripts.distributed_check", out)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = json.loads(out.read_text())
     assert [r["rank"] for r in reports] == [0, 1] and reports[0]["world_size"] == 2
@@ -110,7 +110,7 @@ def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
     """Issue 14 #1: rank 0 deleted a low-ranked checkpoint while a slower rank was still writing into it, which
     re-created ``checkpoint-N`` with that rank's files only; ``resume_from_checkpoint: auto`` then picked it."""
     out = tmp_path / "topk"
-    result = launch_cpu_module("tests.keep_top_k_check", out)
+    result = launch_cpu_module("tests.scripts.keep_top_k_check", out)
     assert result.returncode == 0, result.stderr[-4000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # the best: accuracy 1/step
     assert json.loads((out / "checkpoint_scores.json").read_text()) == {"checkpoint-1": 1.0}

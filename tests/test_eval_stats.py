@@ -17,7 +17,10 @@ import pytest
 
 from hf_grpo.card import model_card
 from hf_grpo.evaluation import report, stats
+from hf_grpo.evaluation.plot import training_figure
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
+from hf_grpo.evaluation.summary import summary_markdown
+from hf_grpo.results import RunResult
 
 
 def table(n: int, right_to_wrong: int, wrong_to_right: int, both_right: int = 0) -> tuple[list[str], list[str]]:
@@ -260,7 +263,7 @@ def test_summary_shows_interval_counts_and_verdict(tmp_path):
     table_end = summary.index(NOISY_COUNTS)
     assert summary.index("includes zero") > table_end  # the sentence follows the table
 
-    clear = report.summary_markdown(fake_run(tmp_path / "clear", *CLEAR))
+    clear = summary_markdown(RunResult.load(fake_run(tmp_path / "clear", *CLEAR)))
     assert "| accuracy difference, paired | | | +14.0 points (95% CI +8.5 to +19.2) |" in clear
     assert "| problems right → wrong / wrong → right | | | 2 / 30 |" in clear
     assert "excludes zero: on these 200 problems the gain is unlikely to be noise" in clear
@@ -271,11 +274,11 @@ def test_summary_prefers_the_stored_gain(tmp_path):
     before, after = NOISY
     stored = paired_gain(*table(200, 17, 24, both_right=63))  # same 40.0% -> 43.5% marginals
     out = fake_run(tmp_path / "run", before, after, stored_gain=stored)
-    summary = report.summary_markdown(out)
+    summary = summary_markdown(RunResult.load(out))
     assert "| 17 / 24 |" in summary and "| 16 / 23 |" not in summary
 
     out = fake_run(tmp_path / "stored_only", before, after, jsonl=False, stored_gain=paired_gain(before, after))
-    assert NOISY_ROW in report.summary_markdown(out)
+    assert NOISY_ROW in summary_markdown(RunResult.load(out))
 
 
 def test_no_per_problem_records_leaves_the_interval_out(tmp_path):
@@ -286,8 +289,8 @@ def test_no_per_problem_records_leaves_the_interval_out(tmp_path):
     assert "95% CI" not in summary and "paired" not in summary and "right → wrong" not in summary
     assert (out / "training_curves.png").stat().st_size > 10_000
 
-    results = report.read_eval_results(out)
-    figure = report.training_figure(report.read_history(out), results)
+    run = RunResult.load(out)
+    figure = training_figure(run.history, run.evaluations)
     assert all(not ax.texts for ax in figure.axes) and all(not ax.containers for ax in figure.axes)
 
 
@@ -298,7 +301,7 @@ def test_unusable_records_leave_the_interval_out_with_a_warning(tmp_path, caplog
         write_records(out / "eval_after.jsonl", NOISY[1][:150])
     else:
         write_records(out / "eval_after.jsonl", CLEAR[1])  # 200 problems, but not the after results' grades
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.evaluation.report"):
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.evaluation.stats"):
         report.write_report(out)
     summary = (out / "summary.md").read_text()
     assert "| accuracy | 40.0% | 43.5% | +3.5 points |" in summary and "95% CI" not in summary
@@ -312,9 +315,9 @@ def _accuracy_axis(figure):
 
 def test_figure_shows_the_difference_with_its_interval(tmp_path):
     out = fake_run(tmp_path / "run", *NOISY)
-    results = report.read_eval_results(out)
-    gain = report.read_gain(out, results)
-    figure = report.training_figure(report.read_history(out), results, gain)
+    run = RunResult.load(out)
+    results, gain = run.evaluations, run.gain
+    figure = training_figure(run.history, results, gain)
     ax = _accuracy_axis(figure)
     text = "\n".join(t.get_text() for t in ax.texts)
     assert "+3.5 pts" in text and "95% CI -2.7 to +9.7" in text and "16 right→wrong, 23 wrong→right" in text
@@ -327,7 +330,7 @@ def test_figure_shows_the_difference_with_its_interval(tmp_path):
     # reward == accuracy, a 0..1 reward range and no length or entropy: every other panel would repeat or be flat
     assert [a.get_title() for a in figure.axes] == ["Accuracy: train vs held-out"]
     # eval_results["gain"] alone is enough, as plot_training receives it from a stored run
-    stored = report.training_figure(report.read_history(out), {**results, "gain": gain})
+    stored = training_figure(run.history, {**results, "gain": gain})
     assert "95% CI -2.7 to +9.7" in "\n".join(t.get_text() for t in _accuracy_axis(stored).texts)
 
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 pytestmark = pytest.mark.timeout(300)  # a second guard; the subprocess deadlines below are the ones that can act
@@ -112,7 +112,8 @@ evaluator.close()
 """
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.subprocess
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_task_evaluator_counts_a_hanging_grade_as_timeout(tmp_path):
     """TaskEvaluator.run (before/after and every task_eval_steps) finishes, with the hang counted as ``timeout``."""
     out = tmp_path / "run"
@@ -194,7 +195,8 @@ if CANNED:
 """
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.subprocess
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_evaluate_cli_counts_a_hanging_grade_as_timeout(tmp_path, tiny_model_dir):
     """``python -m hf_grpo.evaluate`` finishes with the hang counted as ``timeout``, using the recipe's reward_timeout.
 
@@ -271,7 +273,7 @@ def test_task_evaluator_grades_in_the_trainers_reward_pool(tmp_path):
     """With isolated rewards the evaluator uses their pool and timeout; otherwise one pool of its own, kept."""
     from hf_grpo.evaluation.tasks import TaskEvaluator
     from hf_grpo.rewards.functions import math_correctness
-    from hf_grpo.rewards.isolation import RewardPool, isolate
+    from hf_grpo.rewards.wrapper import RewardPool, isolate
 
     args = SimpleNamespace(
         output_dir=str(tmp_path),
@@ -298,7 +300,7 @@ def test_task_evaluator_grades_in_the_trainers_reward_pool(tmp_path):
 
 
 def test_report_table_shows_timeouts_only_when_there_are_any():
-    from hf_grpo.evaluation.report import eval_table
+    from hf_grpo.evaluation.summary import eval_table
 
     plain = {"accuracy": 0.5, "correct": 1, "wrong": 1, "unparseable": 0, "total": 2}  # written before timeouts
     assert "grading" not in eval_table({"before": plain, "after": plain})

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 pytestmark = pytest.mark.timeout(300)
@@ -171,7 +171,7 @@ def test_bad_input_is_one_error_line_and_exit_2(case, tmp_path, tiny_model_dir):
 def test_null_golds_are_dropped_with_a_count(caplog):
     from datasets import Dataset
 
-    from hf_grpo.evaluate import drop_missing_golds
+    from hf_grpo.evaluation.saved_model import drop_missing_golds
 
     rows = [
         {"problem": "a", "answer": "1", "solution": "1"},
@@ -179,7 +179,7 @@ def test_null_golds_are_dropped_with_a_count(caplog):
         {"problem": "c", "answer": " ", "solution": " "},
         {"problem": "d", "answer": "None", "solution": "None"},  # a gold that is the word None is kept
     ]
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.evaluation.saved_model"):
         kept = drop_missing_golds(Dataset.from_list(rows), "answer")
     assert kept["problem"] == ["a", "d"]
     assert "dropped 2 of 4 problems" in caplog.text

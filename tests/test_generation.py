@@ -1,5 +1,5 @@
 """Generation on a vLLM server, tested on CPU against a real HTTP server that speaks vLLM's protocol
-(tests/fixtures/fake_vllm_server.py): adapter sync, layout commands, the launcher, a killed and a flaky server."""
+(tests/helpers/fake_vllm_server.py): adapter sync, layout commands, the launcher, a killed and a flaky server."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ from hf_grpo.rewards.functions import gsm8k_correctness
 from hf_grpo.train import main
 from hf_grpo.trainer import GRPOTrainer
 
-from . import reward_scripts
-from .conftest import REPO, tiny_config, tiny_lora
-from .fixtures.fake_vllm_server import start_in_thread, start_subprocess
+from .helpers import reward_scripts
+from .helpers.common import REPO, tiny_config, tiny_lora
+from .helpers.fake_vllm_server import start_in_thread, start_subprocess
 
 
-FIXTURE_SERVE = f"[{sys.executable}, -m, tests.fixtures.fake_vllm_server, --model]"
+FIXTURE_SERVE = f"[{sys.executable}, -m, tests.helpers.fake_vllm_server, --model]"
 
 
 def free_port() -> int:
@@ -552,7 +552,8 @@ def wait_until(condition, timeout: float, interval: float = 0.2) -> bool:
 
 
 @pytest.mark.distributed
-@pytest.mark.miniature  # 40 s each: a whole launch; the miniature tier (CI, after the default tier) holds such runs
+@pytest.mark.subprocess
+@pytest.mark.slow  # 40 s each: a whole launch
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(policy_dir, tmp_path, signum):
     """Issue 14 #7: the launcher, its vLLM server, accelerate and both training workers all end on SIGTERM / SIGINT
@@ -611,7 +612,7 @@ def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
     """Issue 14 #7: after the grace period the launcher killed only `accelerate launch`, orphaning its workers."""
     mark = f"stubborn-{os.getpid()}-{signum}-{time.monotonic_ns()}"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tests.stubborn_launch"],
+        [sys.executable, "-m", "tests.scripts.stubborn_launch"],
         cwd=REPO,
         env={**os.environ, RUN_MARK: mark},
         stdout=subprocess.PIPE,
@@ -635,7 +636,7 @@ def test_a_sigkilled_launcher_leaves_no_process_behind(tmp_path):
     process groups, SIGKILLing the workers that ignore SIGTERM after its grace period."""
     mark = f"sigkilled-{os.getpid()}-{time.monotonic_ns()}"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tests.stubborn_launch", "--server", str(tmp_path)],
+        [sys.executable, "-m", "tests.scripts.stubborn_launch", "--server", str(tmp_path)],
         cwd=REPO,
         env={**os.environ, RUN_MARK: mark},
         stdout=subprocess.PIPE,
@@ -663,7 +664,7 @@ def test_a_launch_that_ends_dismisses_its_watchdog(tmp_path):
     mark = f"finished-{os.getpid()}-{time.monotonic_ns()}"
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "tests.stubborn_launch", "--server", str(tmp_path), "--finish"],
+            [sys.executable, "-m", "tests.scripts.stubborn_launch", "--server", str(tmp_path), "--finish"],
             cwd=REPO,
             env={**os.environ, RUN_MARK: mark},
             capture_output=True,

@@ -1,6 +1,6 @@
 """Real vLLM on a GPU (run with ``python -m pytest -m gpu`` on a machine with CUDA and ``hf_grpo[vllm]``).
 
-The same paths the CPU tests cover against tests/fixtures/fake_vllm_server.py, against ``vllm serve`` itself:
+The same paths the CPU tests cover against tests/helpers/fake_vllm_server.py, against ``vllm serve`` itself:
 adapter-only LoRA sync changes what the server generates, and a short training run with TRL's colocated engine.
 """
 

@@ -11,7 +11,7 @@ from hf_grpo.hardware import CPU_SETTINGS, Machine, hardware_problems, this_mach
 from hf_grpo.launch import Layout, accelerate_command, needs_launcher
 from hf_grpo.recipe import RecipeError, load_recipe
 
-from .conftest import REPO, run_module
+from .helpers.common import REPO, run_module
 
 
 CPU = Machine(cuda_devices=0, bf16=False, packages=frozenset({"deepspeed"}))

@@ -1,5 +1,5 @@
 """Pushing a run to the Hub, offline: a real tiny run goes to a local HTTP server that speaks the Hub API subset
-huggingface_hub uses (tests/fixtures/fake_hub.py), reached through HF_ENDPOINT exactly as the real Hub would be."""
+huggingface_hub uses (tests/helpers/fake_hub.py), reached through HF_ENDPOINT exactly as the real Hub would be."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from huggingface_hub import ModelCard, constants
 from safetensors.torch import load_file, save_file
 
 from hf_grpo import hub
-from hf_grpo.card import model_card, pick_samples
-from hf_grpo.evaluation.report import eval_table
+from hf_grpo.card import model_card
+from hf_grpo.evaluation.summary import eval_table
+from hf_grpo.results import pick_samples
 from hf_grpo.train import main as train_main
 
-from .conftest import run_module
-from .fixtures.fake_hub import start_fake_hub
+from .helpers.common import run_module
+from .helpers.fake_hub import start_fake_hub
 
 
 TOKEN = "hf_testtoken123" + "4567890abcdefghijklmnopqrs"  # shaped like a real user token: hf_ + 38 letters/digits

@@ -12,7 +12,6 @@ import yaml
 
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets, source_splits
 from hf_grpo.hardware import this_machine
-from hf_grpo.miniature import miniaturize
 from hf_grpo.miniature.assets import (
     GSM8K,
     MATH,
@@ -24,10 +23,10 @@ from hf_grpo.miniature.assets import (
     architecture_family,
     ensure_assets,
 )
-from hf_grpo.recipe import RecipeError, load_recipe
+from hf_grpo.recipe import RecipeError, load_recipe, miniaturize
 from hf_grpo.train import main
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

@@ -7,7 +7,7 @@ before/after evaluation and checkpoints; it swaps the model, the data and the si
 test trains two steps with two processes, checks what the recipe promises, then resumes from the last checkpoint
 for one more step. Recipes are discovered by glob, so a new recipe is covered the day it is added.
 
-Run with ``python -m pytest -m miniature`` (CI runs this tier after the default one).
+Run with ``python -m pytest --tier 2`` (CI runs this tier after the default one; ``-m miniature`` runs only these).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from .conftest import REPO, run_module
+from .helpers.common import REPO, run_module
 
 
-pytestmark = pytest.mark.miniature
+pytestmark = [pytest.mark.miniature, pytest.mark.subprocess, pytest.mark.slow]
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 TIMEOUT = 900

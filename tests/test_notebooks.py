@@ -1,7 +1,7 @@
 """The notebooks in notebooks/ run top to bottom (tiny model, CPU, no network) and produce what they promise.
 
-Each notebook is executed with nbclient in a fresh temporary directory (its working directory, so everything it
-writes lands there), with its shipped parameters. The kernel is this interpreter: a temporary ``python3``
+Each notebook is executed with nbclient in a fresh temporary directory (its working directory), with its shipped
+parameters; every file it writes lands in its OUTPUT_DIR, none beside it or in the repository. The kernel is this interpreter: a temporary ``python3``
 kernelspec whose argv is ``sys.executable`` is put first on ``JUPYTER_PATH``, so neither a user-level kernelspec
 pointing at another Python nor the current working directory changes what runs.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 from nbclient import NotebookClient
 
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
 KERNEL_NAME = "python3"
 CELL_TIMEOUT_S = 600  # per cell; quickstart takes 72-87 s (its training cell 75 s) on a 2-core machine
 KERNEL_ENV = {
@@ -65,12 +67,17 @@ def parameters(nb) -> dict:
 
 
 def execute(name: str, workdir: Path, kernel_name: str):
-    """Run a shipped notebook in ``workdir``; returns the executed notebook and its parameters."""
+    """Run a shipped notebook in ``workdir``; returns the executed notebook and its parameters.
+
+    What the notebook writes is in its ``OUTPUT_DIR`` only: nothing else appears in ``workdir`` (the folder it runs
+    from), in the repository's root or next to the notebook.
+    """
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code"), (
         f"{name} is saved with outputs; clear them before committing"
     )
     params = parameters(nb)
+    around = {folder: set(os.listdir(folder)) for folder in (REPO, NOTEBOOKS)}
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
@@ -80,6 +87,11 @@ def execute(name: str, workdir: Path, kernel_name: str):
     client.execute()  # raises CellExecutionError (with the cell and its traceback) if a cell fails
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+    assert sorted(os.listdir(workdir)) == [Path(params["OUTPUT_DIR"]).parts[0]], "a file was written beside the run"
+    for folder, before in around.items():
+        assert set(os.listdir(folder)) <= before, (
+            f"{name} wrote {sorted(set(os.listdir(folder)) - before)} to {folder}"
+        )
     return nb, params
 
 
@@ -122,7 +134,8 @@ def plots_shown(nb) -> bool:
     return bool(cells) and all(any("image/png" in o.get("data", {}) for o in c.outputs) for c in cells)
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.notebook
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_quickstart(tmp_path, kernel):
     nb, params = execute("quickstart.ipynb", tmp_path, kernel)
     out = tmp_path / params["OUTPUT_DIR"]
@@ -159,12 +172,13 @@ def test_quickstart(tmp_path, kernel):
     assert "adapter_model.safetensors" in pushed and "README.md" in pushed
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.notebook
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_custom_reward(tmp_path, kernel):
     nb, params = execute("custom_reward.ipynb", tmp_path, kernel)
     out = tmp_path / params["OUTPUT_DIR"]
 
-    assert (tmp_path / "my_rewards.py").is_file(), "the notebook writes its rewards next to itself"
+    assert (out / "rewards" / "my_rewards.py").is_file(), "the notebook writes its rewards into its output folder"
     assert (out / "eval_results.json").is_file(), "the run did not finish"
     history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
     assert len(history) == params["MAX_STEPS"]

@@ -21,8 +21,8 @@ import hf_grpo.progress
 from hf_grpo.data.arithmetic import make_split
 from hf_grpo.tiny import arithmetic_examples, build_model, build_tokenizer, warm_start
 
-from . import reward_scripts
-from .conftest import tiny_config, tiny_lora
+from .helpers import reward_scripts
+from .helpers.common import tiny_config, tiny_lora
 
 
 class Terminal(io.StringIO):
@@ -111,7 +111,7 @@ def test_evaluation_bars_count_problems_and_completions(tiny, bars, monkeypatch)
     from datasets import Dataset
 
     from hf_grpo.evaluation import core
-    from hf_grpo.rewards.isolation import RewardPool
+    from hf_grpo.rewards.wrapper import RewardPool
 
     model, tokenizer = tiny
     problems = make_split("test", 4, seed=0)

@@ -43,3 +43,11 @@ def test_train_is_a_function_of_the_train_module():
 
     assert callable(train) and not callable(module) and module.train is train
     assert module.train.__doc__.startswith("Run a recipe from Python")
+
+
+def test_the_console_commands_are_installed():
+    """`hf-grpo` (train|eval|push|report) and its older alias `hf-grpo-train` (pip install -e . after a change)."""
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts") if e.name.startswith("hf-grpo")}
+    assert scripts == {"hf-grpo": "hf_grpo.cli:main", "hf-grpo-train": "hf_grpo.train:main"}

@@ -31,7 +31,7 @@ from packaging.version import Version
 from hf_grpo.generation.vllm_install import CPU_DISTRIBUTION, UNLOADABLE_COMPANIONS, find_vllm
 from hf_grpo.launch import free_port
 
-from .conftest import REPO, run_module
+from .helpers.common import REPO, run_module
 from .test_generation import RUN_MARK, kill_marked, marked_processes, wait_until
 
 

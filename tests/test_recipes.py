@@ -7,7 +7,7 @@ import pytest
 from hf_grpo.recipe import RecipeError, batch_plan, load_recipe, split_argv
 from hf_grpo.train import main
 
-from .conftest import REPO, run_module
+from .helpers.common import REPO, run_module
 
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

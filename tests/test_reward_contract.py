@@ -17,7 +17,7 @@ from hf_grpo.rewards import RewardArguments, load_reward_funcs
 from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.trainer import GRPOTrainer
 
-from .conftest import run_module, tiny_config, tiny_lora
+from .helpers.common import run_module, tiny_config, tiny_lora
 
 
 PROBLEMS = [(2, 3), (7, 8), (12, 30), (9, 9)]
@@ -44,12 +44,16 @@ def completions_for(rows, conversational: bool):
 
 
 REWARDS = {
-    False: ["tests.reward_plugins:unsloth_answer", "tests.reward_plugins:logs_everything", "gsm8k_correctness"],
+    False: [
+        "tests.helpers.reward_plugins:unsloth_answer",
+        "tests.helpers.reward_plugins:logs_everything",
+        "gsm8k_correctness",
+    ],
     True: [
         "trl.rewards:accuracy_reward",
         "trl.rewards:think_format_reward",
-        "tests.reward_plugins:unsloth_answer",
-        "tests.reward_plugins:logs_everything",
+        "tests.helpers.reward_plugins:unsloth_answer",
+        "tests.helpers.reward_plugins:logs_everything",
     ],
 }
 
@@ -93,9 +97,9 @@ def test_isolated_rewards_get_what_trl_passes_and_return_what_in_process_returns
     assert isinstance(train[0]["prompt"], list) == conversational
     torch.testing.assert_close(isolated, inline, equal_nan=True)
     names = REWARDS[conversational]
-    unsloth = inline[:, names.index("tests.reward_plugins:unsloth_answer")]
+    unsloth = inline[:, names.index("tests.helpers.reward_plugins:unsloth_answer")]
     assert unsloth.tolist() == [2.0, 0.0, 2.0, 0.0] * len(PROBLEMS)  # the `answer` column arrived
-    logged = inline[:, names.index("tests.reward_plugins:logs_everything")]
+    logged = inline[:, names.index("tests.helpers.reward_plugins:logs_everything")]
     expected = [level / 10 + 7 / 1000 for level in range(1, len(PROBLEMS) + 1) for _ in ANSWERS]
     assert logged.tolist() == pytest.approx(expected)  # `level` and trainer_state.global_step arrived
     # what the rewards logged reaches the trainer: the same metric value and the same extra column
@@ -118,14 +122,15 @@ COMMON = [
 ]  # fmt: skip
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.subprocess
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_a_logged_metric_reaches_the_training_history(tmp_path):
     data = write_dataset(tmp_path / "data.jsonl", conversational=True)
     out = tmp_path / "run"
     result = run_module(
         "hf_grpo.train", *COMMON, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "2",
         "--dynamic_sampling", "false", "--reward_funcs",
-        "[trl.rewards:accuracy_reward, tests.reward_plugins:logs_everything]",
+        "[trl.rewards:accuracy_reward, tests.helpers.reward_plugins:logs_everything]",
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -134,14 +139,15 @@ def test_a_logged_metric_reaches_the_training_history(tmp_path):
     assert [r["step"] for r in steps] == [1, 2] and all(r["contract/mean_length"] > 0 for r in steps)
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.subprocess
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path):
     data = write_dataset(tmp_path / "data.jsonl", conversational=False)
     out = tmp_path / "run"
     result = run_module(
         "hf_grpo.train", *COMMON, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "50",
         "--dynamic_sampling", "false", "--reward_max_failed_calls", "2",
-        "--reward_funcs", "[gsm8k_correctness, tests.reward_plugins:wrong_signature]",
+        "--reward_funcs", "[gsm8k_correctness, tests.helpers.reward_plugins:wrong_signature]",
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
@@ -175,7 +181,7 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     reward (awaited by TRL) keep working next to isolated rewards."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from . import reward_plugins
+    from .helpers import reward_plugins
 
     data = write_dataset(tmp_path / "data.jsonl", conversational=False)
     train, _ = load_grpo_datasets(DataArguments(dataset_name=str(data), task="gsm8k", prompt_style="plain"))
@@ -184,7 +190,7 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     config = Qwen2Config(**{**policy.config.to_dict(), "num_labels": 1})
     torch.manual_seed(0)
     scorer = Qwen2ForSequenceClassification(config).eval()
-    isolated = load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:unsloth_answer"]))
+    isolated = load_reward_funcs(RewardArguments(reward_funcs=["tests.helpers.reward_plugins:unsloth_answer"]))
     trainer = GRPOTrainer(
         model=policy,
         reward_funcs=[*isolated, scorer, reward_plugins.async_reward],
@@ -210,14 +216,15 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     assert rewards[:, 2].tolist() == [1.0] * len(rows)
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.subprocess
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
     """Issue 11 #2: a run whose rewards were all None logged an error per batch, trained on nothing to the end and then
     died in write_report (TypeError on a None reward): exit 1, no summary.md."""
     out = tmp_path / "run"
     result = run_module(
         "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "30", "--arithmetic_train_size", "64",
-        "--arithmetic_eval_size", "8", "--reward_funcs", "[tests.reward_plugins:always_none]",
+        "--arithmetic_eval_size", "8", "--reward_funcs", "[tests.helpers.reward_plugins:always_none]",
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
@@ -228,14 +235,15 @@ def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
     assert "reward: n/a" in summary or "Training summary" in summary
 
 
-@pytest.mark.miniature  # a whole run: the second tier (pyproject.toml)
+@pytest.mark.subprocess
+@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_infinite_rewards_are_counted_and_left_out(tmp_path):
     """Issue 11 #2: ±inf rewards zeroed every loss (nothing learned) without a counter, and the report crashed."""
     out = tmp_path / "run"
     result = run_module(
         "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "2", "--arithmetic_train_size", "64",
         "--arithmetic_eval_size", "8", "--dynamic_sampling", "false",
-        "--reward_funcs", "[gsm8k_correctness, tests.reward_plugins:partly_infinite]",
+        "--reward_funcs", "[gsm8k_correctness, tests.helpers.reward_plugins:partly_infinite]",
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -252,9 +260,9 @@ def test_nan_rewards_are_counted_as_nonfinite_and_left_out():
     reward tells the two apart; the trainer adds its NaNs to rewards/<name>/nonfinite (gathered over processes)."""
     import types
 
-    from . import reward_plugins
+    from .helpers import reward_plugins
 
-    funcs = load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:nan_for_odd_lengths"]))
+    funcs = load_reward_funcs(RewardArguments(reward_funcs=["tests.helpers.reward_plugins:nan_for_odd_lengths"]))
     try:
         completions = ["ab", "abc", "abcd", "a"]
         assert funcs[0](prompts=["p"] * 4, completions=completions) == [1.0, None, 1.0, None]

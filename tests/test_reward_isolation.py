@@ -1,4 +1,4 @@
-"""Fault-isolated rewards (``hf_grpo.rewards.isolation``): hard timeouts, errors reported by name, warm workers.
+"""Fault-isolated rewards (``hf_grpo.rewards.wrapper`` on ``hf_grpo.workers``): hard timeouts, errors reported by name, warm workers.
 
 Each test gets its own small pool (2 workers; the fork server stays up across tests, so a pool starts in well under
 a second). Timeouts are short (``TIMEOUT``) and every hanging call must return within ``TIMEOUT + 2`` seconds.
@@ -24,22 +24,22 @@ from hf_grpo.rewards.functions import (
     r1_zero_correctness,
     r1_zero_format,
 )
-from hf_grpo.rewards.isolation import (
+from hf_grpo.rewards.wrapper import (
     IsolatedCorrectness,
     IsolatedReward,
     RewardIsolationError,
     RewardPool,
     isolate,
 )
-from tests import reward_plugins
-from tests.conftest import REPO
+from tests.helpers import reward_plugins
+from tests.helpers.common import REPO
 
 
 pytestmark = pytest.mark.timeout(120)
 
 TIMEOUT = 2.0
 SLACK = 2.0
-LOGGER = "hf_grpo.rewards.isolation"
+LOGGER = "hf_grpo.rewards.wrapper"
 
 # A factorial math-verify computes for ever (SymPy evaluates it in one C call). The power tower of Math-Verify#65
 # no longer reaches SymPy (grading.MAX_POWER_DIGITS); this input still does, and only the worker timeout bounds it.
@@ -308,8 +308,8 @@ def test_correctness_trl_shaped_call(pool):
 def test_load_reward_funcs_isolated():
     funcs = load_reward_funcs(
         RewardArguments(
-            reward_funcs=["gsm8k_correctness", "length", "tests.reward_plugins:scaled_length"],
-            reward_kwargs={"tests.reward_plugins:scaled_length": {"scale": 2.0}},
+            reward_funcs=["gsm8k_correctness", "length", "tests.helpers.reward_plugins:scaled_length"],
+            reward_kwargs={"tests.helpers.reward_plugins:scaled_length": {"scale": 2.0}},
             reward_workers=1,
             reward_timeout=3.0,
         )
@@ -328,8 +328,8 @@ def test_load_reward_funcs_isolated():
 def test_load_reward_funcs_in_process():
     funcs = load_reward_funcs(
         RewardArguments(
-            reward_funcs=["gsm8k_correctness", "tests.reward_plugins:scaled_length"],
-            reward_kwargs={"tests.reward_plugins:scaled_length": {"scale": 2.0}},
+            reward_funcs=["gsm8k_correctness", "tests.helpers.reward_plugins:scaled_length"],
+            reward_kwargs={"tests.helpers.reward_plugins:scaled_length": {"scale": 2.0}},
             reward_isolation=False,
         )
     )
@@ -346,7 +346,7 @@ def test_unisolatable_reward_is_refused_at_load_time(pool):
     with pytest.raises(RewardIsolationError, match="lambda"):
         isolate(lambda completions, **kwargs: [0.0], pool, name="inline")
     with pytest.raises(RewardLoadError, match="reward_funcs: reward 'closure_reward' cannot be sent"):
-        load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:closure_reward"]))
+        load_reward_funcs(RewardArguments(reward_funcs=["tests.helpers.reward_plugins:closure_reward"]))
 
 
 def test_load_errors_still_name_the_reward():
@@ -361,7 +361,7 @@ def test_load_errors_still_name_the_reward():
 
 
 def test_default_workers_share_the_cores(monkeypatch):
-    from hf_grpo.rewards.isolation import default_num_workers
+    from hf_grpo.workers import default_num_workers
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -373,7 +373,7 @@ def test_default_workers_share_the_cores(monkeypatch):
 def test_async_rewards_stay_in_process(pool):
     with pytest.raises(RewardIsolationError, match="async"):
         isolate(reward_plugins.async_reward, pool)
-    funcs = load_reward_funcs(RewardArguments(reward_funcs=["tests.reward_plugins:async_reward"]))
+    funcs = load_reward_funcs(RewardArguments(reward_funcs=["tests.helpers.reward_plugins:async_reward"]))
     assert funcs[0] is reward_plugins.async_reward
 
 
@@ -395,8 +395,8 @@ time.sleep(3)  # stands for importing torch, transformers and TRL (2-12 s under 
 
 
 def main():
-    from hf_grpo.rewards.isolation import RewardPool, isolate
-    from tests import reward_plugins
+    from hf_grpo.rewards.wrapper import RewardPool, isolate
+    from tests.helpers import reward_plugins
 
     pool = RewardPool(num_workers=1)
     reward = isolate(reward_plugins.sleeps_forever, pool, timeout=1.0)
@@ -465,3 +465,20 @@ def test_a_reward_that_kills_the_fork_server_does_not_stop_training(pool):
     assert hangs(completions=["hang"]) == [None]  # a timeout (or a worker found dead): replaced either way
     assert hangs(completions=["fine", "fine"]) == [1.0, 1.0]
     assert hangs(completions=["fine"] * 4) == [1.0] * 4
+
+
+def test_the_worker_pool_runs_any_function_without_the_rewards():
+    """``hf_grpo.workers`` is a layer below the rewards: it imports none of them and runs any picklable function."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import sys
+        from hf_grpo.workers import WorkerPool
+        assert not [m for m in sys.modules if m.startswith("hf_grpo.rewards")]
+        with WorkerPool(num_workers=1) as pool:
+            done, hung = pool.map(pow, [{"base": 2, "exp": 10}, {"base": 10, "exp": 10**10}], timeout=1.0)
+        assert (done.status, done.value, hung.status) == ("ok", 1024, "timeout"), (done, hung)
+        assert repr(pool) == "WorkerPool(closed)" and pool.started_workers == 2
+    """
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)

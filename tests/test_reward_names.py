@@ -133,7 +133,7 @@ def test_builtin_name_wins_over_trl_name(monkeypatch):
         ("get_soft_overlong_punishment", "get_soft_overlong_punishment"),
         ("my_pkg.rewards.fn", "fn"),
         ("my_pkg.rewards:fn", "fn"),
-        ("tests.reward_plugins:scaled_length", "scaled_length"),
+        ("tests.helpers.reward_plugins:scaled_length", "scaled_length"),
     ],
 )
 def test_reward_name_is_the_function_name_of_every_spelling(spelling, name):

@@ -20,8 +20,8 @@ def test_a_hanging_reward_costs_one_timeout_not_the_run(tmp_path):
         arithmetic_eval_size=8,
         logging_steps=1,
         dynamic_sampling=False,
-        reward_funcs=["gsm8k_correctness", "tests.reward_plugins:hangs_once"],
-        reward_kwargs={"tests.reward_plugins:hangs_once": {"marker": str(tmp_path / "hung")}},
+        reward_funcs=["gsm8k_correctness", "tests.helpers.reward_plugins:hangs_once"],
+        reward_kwargs={"tests.helpers.reward_plugins:hangs_once": {"marker": str(tmp_path / "hung")}},
         reward_timeout=3.0,
     )
     elapsed = time.monotonic() - start

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 def wandb_records(path):
@@ -173,6 +173,7 @@ def test_a_tracker_that_cannot_take_the_story_is_named_in_a_warning(tmp_path, ca
     """Each tracker that cannot take the story (no wandb run open, a tensorboard callback whose training never
     started, a trackio run with no name to reopen) gets a warning naming it and the reason; nothing is raised.
     The callbacks stand in for Transformers' (same class names and attributes): importing those takes seconds."""
+    from hf_grpo.results import RunResult
     from hf_grpo.trackers import TrackerSetup
 
     callbacks = [
@@ -186,7 +187,7 @@ def test_a_tracker_that_cannot_take_the_story_is_named_in_a_warning(tmp_path, ca
         args=types.SimpleNamespace(run_name=None),
     )
     with caplog.at_level(logging.WARNING, logger="hf_grpo.trackers"):
-        TrackerSetup(tmp_path).log_story(trainer)
+        TrackerSetup(tmp_path).log_story(trainer, RunResult(tmp_path))
     messages = sorted(r.getMessage() for r in caplog.records)
     assert len(messages) == 3, messages
     assert messages[0].startswith("TensorBoardCallback could not log the run's results: RuntimeError")

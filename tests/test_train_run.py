@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from hf_grpo.evaluation.stats import gain_from_run
 from hf_grpo.train import main
 
-from .conftest import REPO, run_module
+from .helpers.common import REPO, run_module
 
 
 def test_short_run_writes_every_output(tmp_path):

@@ -15,8 +15,8 @@ from hf_grpo.rewards.functions import gsm8k_correctness
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
-from . import reward_scripts
-from .conftest import tiny_config, tiny_lora
+from .helpers import reward_scripts
+from .helpers.common import tiny_config, tiny_lora
 
 
 @pytest.fixture(scope="module")

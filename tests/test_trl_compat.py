@@ -23,7 +23,7 @@ import yaml
 
 from hf_grpo.train import main
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -206,6 +206,8 @@ def test_trl_recipe_trains_a_few_steps(tmp_path):
 
 
 @pytest.mark.miniature
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_migrated_openr1_recipe_in_miniature(tmp_path):
     """The migrated recipe as open-r1 launches it (ZeRO-3, several processes, vLLM in the training processes) runs
     here in miniature: the launcher, DeepSpeed, TRL's vLLM path against the stand-in, the mirrored dataset."""

@@ -193,7 +193,7 @@ def scored(tmp_path_factory):
     from hf_grpo.config import HfGRPOConfig
     from hf_grpo.tiny import warm_start
 
-    from . import reward_scripts
+    from .helpers import reward_scripts
 
     model, tokenizer, train = _tiny_parts()
     warm_start(model, tokenizer, steps=20)

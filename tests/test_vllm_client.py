@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import math
@@ -12,11 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import torch
-from peft import LoraConfig, get_peft_model
 
 from hf_grpo.generation.vllm_client import GenerationResult, VLLMConnectionError, VLLMServerClient, VLLMServerError
-from tests.fixtures.fake_vllm_server import start_in_thread, start_subprocess
+from tests.helpers.fake_vllm_server import start_in_thread, start_subprocess
+from tests.helpers.reference import greedy, logprobs_of, make_adapter
 
 
 SERVED = "tiny"
@@ -69,36 +67,6 @@ def fixture_post(url: str, route: str, **body) -> None:
     requests.post(f"{url}/fixture/{route}", json=body, timeout=5).raise_for_status()
 
 
-@torch.no_grad()
-def sampled_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
-    """Logprob of each completion token under ``model``, from one full forward pass."""
-    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
-    logprobs = (logits / temperature).log_softmax(-1)
-    return logprobs[torch.arange(len(completion)), torch.tensor(completion)].tolist()
-
-
-@torch.no_grad()
-def greedy(model, prompt: list[int], max_tokens: int, eos: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(max_tokens):
-        token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-        ids.append(token)
-        if token == eos:
-            break
-    return ids[len(prompt) :]
-
-
-def make_adapter(model, directory, seed: int, rank: int = 4):
-    """A LoRA on q_proj/v_proj with random (non-zero) A and B, saved as safetensors; returns the PEFT model."""
-    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=rank, target_modules=["q_proj", "v_proj"]))
-    generator = torch.Generator().manual_seed(seed)
-    for name, param in peft_model.named_parameters():
-        if "lora_" in name:
-            param.data = torch.randn(param.shape, generator=generator)
-    peft_model.save_pretrained(directory)
-    return peft_model.eval()
-
-
 def test_health_and_models(client):
     assert client.health()
     client.wait_until_healthy(timeout_s=5)
@@ -118,7 +86,7 @@ def test_generate_shapes_and_logprobs(client, tiny, prompts):
         assert reason == ("stop" if ids[-1] == tiny[1].eos_token_id else "length")
         assert all(math.isfinite(lp) and lp <= 0 for lp in lps)
         # The server reports the logprob of each sampled token under the model (raw mode, temperature 1).
-        expected = sampled_logprobs(model, prompts[j // 4], ids)
+        expected = logprobs_of(model, prompts[j // 4], ids)
         assert lps == pytest.approx(expected, abs=1e-4)
     assert out.usage["completion_tokens"] == sum(len(ids) for ids in out.completion_ids)
     trl = out.to_trl()
@@ -196,7 +164,7 @@ def test_lora_adapter_load_generate_reload_unload(client, server, tiny, prompts,
         assert ids == greedy(peft_model, prompt, 10, eos)
     sampled = client.generate(prompts[:1], n=2, max_tokens=10, seed=5, model="policy")
     for ids, lps in zip(sampled.completion_ids, sampled.logprobs, strict=True):
-        assert lps == pytest.approx(sampled_logprobs(peft_model, prompts[0], ids), abs=1e-4)
+        assert lps == pytest.approx(logprobs_of(peft_model, prompts[0], ids), abs=1e-4)
 
     # Loading the same name again without load_inplace is refused (400, no retry) ...
     with pytest.raises(VLLMServerError) as info:
@@ -246,7 +214,7 @@ def test_processed_logprobs_mode(tiny, prompts):
         client = VLLMServerClient(processed.url, request_timeout=10)
         out = client.generate(prompts[:1], n=2, max_tokens=6, temperature=0.7, seed=0)
     for ids, lps in zip(out.completion_ids, out.logprobs, strict=True):
-        assert lps == pytest.approx(sampled_logprobs(tiny[0], prompts[0], ids, temperature=0.7), abs=1e-4)
+        assert lps == pytest.approx(logprobs_of(tiny[0], prompts[0], ids, temperature=0.7), abs=1e-4)
 
 
 def test_retries_503_transparently(client, server, prompts):

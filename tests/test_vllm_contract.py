@@ -9,13 +9,10 @@ counts) is tested in ``test_vllm_client.py``.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import requests
-import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_grpo.generation.layout import GenerationArguments, server_command
@@ -23,7 +20,8 @@ from hf_grpo.generation.server import VLLMServerProcess
 from hf_grpo.generation.vllm_client import VLLMServerClient, VLLMServerError
 from hf_grpo.generation.vllm_install import find_vllm
 from hf_grpo.launch import free_port
-from tests.fixtures.fake_vllm_server import start_in_thread
+from tests.helpers.fake_vllm_server import start_in_thread
+from tests.helpers.reference import greedy, logprobs_of, make_adapter
 
 
 SERVED = "tiny"
@@ -94,36 +92,6 @@ def client(server_url):
 @pytest.fixture
 def prompts(tiny):
     return [tiny[1](q)["input_ids"] for q in QUESTIONS]
-
-
-@torch.no_grad()
-def logprobs_of(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
-    """log_softmax(logits / T) of each completion token, from one forward pass (what the trainer computes)."""
-    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
-    logprobs = (logits / temperature).log_softmax(-1)
-    return logprobs[torch.arange(len(completion)), torch.tensor(completion)].tolist()
-
-
-@torch.no_grad()
-def greedy(model, prompt: list[int], max_tokens: int, eos: int | None = EOS) -> list[int]:
-    """Greedy decoding up to and including the EOS token (pass ``eos=None`` to run through it)."""
-    ids = list(prompt)
-    for _ in range(max_tokens):
-        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-        if ids[-1] == eos:
-            break
-    return ids[len(prompt) :]
-
-
-def make_adapter(model, directory, seed: int, rank: int = 4):
-    """A LoRA on q_proj/v_proj with random A and B, saved as safetensors; returns the PEFT model."""
-    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=rank, target_modules=["q_proj", "v_proj"]))
-    generator = torch.Generator().manual_seed(seed)
-    for name, param in peft_model.named_parameters():
-        if "lora_" in name:
-            param.data = torch.randn(param.shape, generator=generator) * 0.5
-    peft_model.save_pretrained(directory)
-    return peft_model.eval()
 
 
 def post(url: str, route: str, body: dict) -> requests.Response:
@@ -249,14 +217,14 @@ def test_prompt_plus_completion_over_max_model_len_is_400(client, prompts):
 
 def test_adapter_load_generate_reload_in_place_unload(client, tiny, prompts, tmp_path):
     model = tiny[0]
-    tuned_model = make_adapter(model, tmp_path / "a", seed=1)
+    tuned_model = make_adapter(model, tmp_path / "a", seed=1, scale=0.5)
     assert client.load_lora_adapter("policy", tmp_path / "a") == "Success: LoRA adapter 'policy' added successfully."
     assert {c["id"]: c["parent"] for c in client.models()} == {SERVED: None, "policy": SERVED}
 
     base = client.generate(prompts, n=1, max_tokens=8, temperature=0.0)
     tuned = client.generate(prompts, n=1, max_tokens=8, temperature=0.0, model="policy")
-    assert base.completion_ids == [greedy(model, p, 8) for p in prompts]
-    assert tuned.completion_ids == [greedy(tuned_model, p, 8) for p in prompts] != base.completion_ids
+    assert base.completion_ids == [greedy(model, p, 8, EOS) for p in prompts]
+    assert tuned.completion_ids == [greedy(tuned_model, p, 8, EOS) for p in prompts] != base.completion_ids
     sampled = client.generate(prompts[:1], n=2, max_tokens=8, temperature=1.0, seed=5, model="policy")
     for ids, lps in zip(sampled.completion_ids, sampled.logprobs, strict=True):
         assert lps == pytest.approx(logprobs_of(tuned_model, prompts[0], ids, 1.0), abs=1e-3)
@@ -264,10 +232,10 @@ def test_adapter_load_generate_reload_in_place_unload(client, tiny, prompts, tmp
     with pytest.raises(VLLMServerError) as info:  # the same name again, not in place
         client.load_lora_adapter("policy", tmp_path / "a", load_inplace=False)
     assert info.value.status == 400 and "has already been loaded" in str(info.value)
-    retuned_model = make_adapter(model, tmp_path / "b", seed=2)
+    retuned_model = make_adapter(model, tmp_path / "b", seed=2, scale=0.5)
     client.load_lora_adapter("policy", tmp_path / "b", load_inplace=True)
     retuned = client.generate(prompts, n=1, max_tokens=8, temperature=0.0, model="policy")
-    assert retuned.completion_ids == [greedy(retuned_model, p, 8) for p in prompts]
+    assert retuned.completion_ids == [greedy(retuned_model, p, 8, EOS) for p in prompts]
 
     assert client.unload_lora_adapter("policy") == "Success: LoRA adapter 'policy' removed successfully."
     with pytest.raises(VLLMServerError) as info:
@@ -282,7 +250,7 @@ def test_adapter_refusals(client, tiny, tmp_path):
     with pytest.raises(VLLMServerError) as info:
         client.load_lora_adapter("ghost", tmp_path / "missing")
     assert info.value.status == 404 and "Loading lora ghost failed: No adapter found for" in str(info.value)
-    make_adapter(tiny[0], tmp_path / "wide", seed=0, rank=16)
+    make_adapter(tiny[0], tmp_path / "wide", seed=0, rank=16, scale=0.5)
     with pytest.raises(VLLMServerError) as info:
         client.load_lora_adapter("wide", tmp_path / "wide")
     assert info.value.status == 500 and f"greater than max_lora_rank {MAX_LORA_RANK}" in str(info.value)

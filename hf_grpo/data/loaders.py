@@ -1,26 +1,9 @@
 """Load a math dataset into the two columns GRPO needs: ``prompt`` and the gold ``solution``.
 
-``DataArguments`` extends ``trl.ScriptArguments`` (``dataset_name``, ``dataset_config``, splits) with what a math
-recipe needs: which columns hold the problem and the gold answer, how to turn a problem into a prompt, which grader
-applies, and how many rows to use. Known datasets have presets, so ``dataset_name: gsm8k`` is enough:
-
-=====================  ============================  ========  ========================  ====================
-name (alias)           hub id                        task      problem / gold columns    splits
-=====================  ============================  ========  ========================  ====================
-``arithmetic``         (embedded, generated)         gsm8k     question / answer         train / test
-``gsm8k``              openai/gsm8k (``main``)       gsm8k     question / answer         train / test
-``math``               DigitalLearningGmbH/MATH-lighteval  math  problem / solution     train / test
-``math500``            HuggingFaceH4/MATH-500        math      problem / answer          test
-``openmathinstruct2``  nvidia/OpenMathInstruct-2     math      problem / expected_answer  train_1M (train: 14M)
-=====================  ============================  ========  ========================  ====================
-
-Any other hub id works with explicit ``prompt_column`` / ``solution_column`` / ``task`` (the columns default to
-TRL's names, ``prompt`` and ``solution``, when the data has them); a local ``.jsonl``, ``.json``, ``.parquet`` or
-``.csv`` file goes through the matching ``datasets`` builder.
-
-A prompt that is already conversational (TRL's list of ``{"role", "content"}`` messages) is used as it is; a string
-goes through ``prompt_template`` / ``prompt_style``. Every other column of the data is kept, because TRL passes each
-column to the reward functions by name (an Unsloth-style ``answer`` keyword, say).
+``DataArguments`` extends ``trl.ScriptArguments`` with the problem and gold columns, the prompt format, the grader
+(``task``) and the number of rows. Known datasets (``arithmetic``, ``gsm8k``, ``math``, ``math500``,
+``openmathinstruct2``) have presets; any other hub id or a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv``
+file works with explicit columns. Other columns are kept for the rewards. Presets and rules: docs/data.md.
 """
 
 from __future__ import annotations

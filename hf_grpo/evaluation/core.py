@@ -1,30 +1,10 @@
 """Generate answers for a prompt dataset with transformers and grade them.
 
-This is the evaluation that the training run records as ``eval_results.json`` (before and after GRPO) and that
-``python -m hf_grpo.evaluate`` reports: greedy pass@1 (and sampled pass@k when ``num_samples > 1``), with the counts
-of correct, wrong and unparseable answers from ``hf_grpo.rewards.grade``.
-
-Prompts are rendered with the tokenizer's chat template exactly as GRPOTrainer renders them for generation, so the
-numbers measure the same behaviour that training optimizes.
-
-``evaluate`` shows progress bars (``hf_grpo.progress``: main process, a terminal or a notebook) of the problems
-generated and the completions graded, labelled with the evaluation (``before``, ``step20``, ``after``...).
-
-Grading never runs in this process. A model can write an answer that math-verify cannot finish with
-(``\\boxed{99999999999!}``: one C-level SymPy call that no signal interrupts; power towers such as
-huggingface/Math-Verify#65's are refused before SymPy, see ``grading.MAX_POWER_DIGITS``), so every
-completion is graded by ``grade_completion`` in a worker of a ``hf_grpo.rewards.isolation.RewardPool`` with a hard
-per-completion timeout (``grade_bounded``). Beside ``correct`` / ``wrong`` / ``unparseable`` two more grades
-(``EVAL_GRADES``) can then come back, and both count as not correct in accuracy and pass@k:
-
-- ``timeout``: grading took longer than the timeout; the worker was killed and replaced, and the evaluation goes on.
-- ``error``: grading raised (a gold answer the grader cannot read, a grader bug) or the worker died. It is not
-  counted as ``unparseable``, which says that the *model* gave no answer: an error is the grader's or the data's
-  fault, so it gets its own count and a warning with the message.
-
-The record of such a problem carries the reason in ``grade_error``. The pool is the caller's when one is passed
-(``TaskEvaluator`` passes the training run's reward pool, or one it keeps for all its evaluations); without one, a
-small pool is started for the call and closed after it.
+The evaluation the training run records as ``eval_results.json`` and ``python -m hf_grpo.evaluate`` reports:
+greedy pass@1 (sampled pass@k when ``num_samples > 1``), with the counts of correct, wrong and unparseable answers
+from ``hf_grpo.rewards.grade``, prompts rendered as GRPOTrainer renders them. Grading runs in a
+``hf_grpo.rewards.wrapper.RewardPool`` with a hard per-completion timeout (``grade_bounded``), which adds the
+grades ``timeout`` and ``error`` (``EVAL_GRADES``). Details: docs/grading.md.
 """
 
 from __future__ import annotations
@@ -40,7 +20,8 @@ from ..progress import progress_bar
 from ..rewards import RewardArguments
 from ..rewards.functions import GRADED_REWARDS, grade_completion
 from ..rewards.grading import GRADES
-from ..rewards.isolation import Result, RewardPool, default_num_workers
+from ..rewards.wrapper import RewardPool
+from ..workers import Result, default_num_workers
 
 
 logger = logging.getLogger(__name__)

@@ -1,518 +1,59 @@
-"""Training report: the training figure and a Markdown summary with the before/after table.
-
-The figure (``training_curves.png``) answers "did it learn": held-out accuracy before, during (periodic
-``eval/accuracy``) and after training with the paired before -> after difference and its 95% interval, next to the
-sampled train accuracy; then the training reward, completion length, KL and entropy. ``choose_panels`` picks the
-panels from the history alone (absent data, or a series that repeats another, gets no panel or line), so the figure
-adapts to the run. ``summary.md`` holds the before/after table (correct, answered-but-wrong, no answer found, grading
-timed out or failed when any did, the paired difference with its 95% interval and the right -> wrong / wrong -> right
-counts), a sentence saying whether that interval excludes zero, and the training facts. Everything is read from
-``training_history.json``, ``eval_results.json`` and, when ``eval_results.json`` holds no ``gain``, the per-problem
-``eval_before.jsonl`` / ``eval_after.jsonl`` (``hf_grpo.evaluation.stats``), so a report can be rebuilt at any time::
+"""A run's report: the training figure (``training_curves.png``) and ``summary.md``, and the command that rebuilds
+them with the model card from a finished run's files::
 
     python -m hf_grpo.evaluation.report outputs/tiny
+
+``hf_grpo.pipeline`` calls ``write_report`` with the run's result in memory after training; ``main`` reads it with
+``hf_grpo.results.RunResult.load`` and writes the figure, ``summary.md`` and ``README.md`` (the model card) again.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import logging
-import math
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..outputs import EVAL_FILE, PLOT_FILE, SUMMARY_FILE
-from .history import read_history
-from .stats import METHOD, gain_from_run
+from ..card import write_local_card
+from ..outputs import PLOT_FILE, SUMMARY_FILE
+from ..results import RunFileError, RunResult, as_run_result
+from .plot import plot_training
+from .summary import summary_markdown
 
 
 logger = logging.getLogger(__name__)
 
 
-def read_eval_results(output_dir: str | Path) -> dict | None:
-    path = Path(output_dir) / EVAL_FILE
-    if not path.is_file():
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The paired before/after gain (hf_grpo.evaluation.stats)
-
-
-def _usable_gain(gain, results: dict | None) -> dict | None:
-    """``gain`` when it is a paired_gain dict that agrees with the before/after summaries of ``results``, else None.
-
-    A gain computed from jsonl files of another evaluation (other problems, other grades) would put numbers next to
-    the table that do not belong to it; leaving them out is better than showing them.
-    """
-    if not isinstance(gain, dict):
-        return None
-    try:
-        n, low, high = int(gain["n"]), float(gain["ci95"][0]), float(gain["ci95"][1])
-        values = [float(gain[k]) for k in ("gain", "before_accuracy", "after_accuracy")]
-        int(gain["right_to_wrong"]), int(gain["wrong_to_right"])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    if n <= 0 or not all(math.isfinite(v) for v in (low, high, *values)):
-        return None
-    for phase in ("before", "after"):
-        summary = (results or {}).get(phase)
-        if not isinstance(summary, dict):
-            continue
-        if summary.get("total") is not None and summary["total"] != n:
-            return None
-        if summary.get("accuracy") is not None and abs(summary["accuracy"] - gain[f"{phase}_accuracy"]) > 1e-9:
-            return None
-    return gain
-
-
-def read_gain(output_dir: str | Path, results: dict | None = None) -> dict | None:
-    """The paired before/after gain of the run in ``output_dir`` (``hf_grpo.evaluation.stats.paired_gain``'s dict).
-
-    ``eval_results.json["gain"]`` when the run stored it, else computed from ``eval_before.jsonl`` and
-    ``eval_after.jsonl``; None (and the report leaves the numbers out) when neither is there, when the files cannot
-    be paired, or when they disagree with the before/after summaries. ``results`` is ``eval_results.json`` when the
-    caller has already read it.
-    """
-    if results is None:
-        results = read_eval_results(output_dir)
-    stored = (results or {}).get("gain")
-    if stored is not None:
-        if _usable_gain(stored, results) is not None:
-            return stored
-        logger.warning("%s: the stored gain does not match the before/after results; recomputing it", EVAL_FILE)
-    try:
-        gain = gain_from_run(output_dir)
-    except (OSError, ValueError) as exc:
-        logger.warning("no paired before/after interval in the report: %s", exc)
-        return None
-    if gain is not None and _usable_gain(gain, results) is None:
-        logger.warning(
-            "no paired before/after interval in the report: eval_before.jsonl / eval_after.jsonl in %s do not match "
-            "%s (another evaluation?)",
-            output_dir,
-            EVAL_FILE,
-        )
-        return None
-    return gain
-
-
-def _points(x: float) -> str:
-    return f"{x * 100:+.1f}"
-
-
-def gain_interval(gain: dict) -> str:
-    """``+3.5 points (95% CI -2.7 to +9.7)``: the paired difference in accuracy points with its interval."""
-    low, high = gain["ci95"]
-    return f"{_points(gain['gain'])} points (95% CI {_points(low)} to {_points(high)})"
-
-
-def gain_sentence(gain: dict) -> str:
-    """One plain sentence: does the 95% interval of the paired difference exclude zero, and how problems moved."""
-    low, high = gain["ci95"]
-    n = gain["n"]
-    if low > 0:
-        verdict = (
-            f"The 95% interval of the difference excludes zero: on these {n} problems the gain is unlikely to be noise"
-        )
-    elif high < 0:
-        verdict = (
-            f"The 95% interval of the difference excludes zero: on these {n} problems the drop is unlikely to be noise"
-        )
-    else:
-        verdict = (
-            f"The 95% interval of the difference includes zero: on these {n} problems the change cannot be told "
-            "apart from noise"
-        )
-    moved = f"{gain['wrong_to_right']} went wrong → right, {gain['right_to_wrong']} right → wrong"
-    return f"{verdict} ({moved}; interval: {gain.get('method') or METHOD})."
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Plot: which panels (a pure function of the history, testable without drawing), then the drawing
-
-
-@dataclass(frozen=True)
-class Series:
-    """One thing drawn on a panel: a line of ``values`` per step, or (``upper`` set) a band from values to upper.
-
-    ``kind`` is ``line`` (per-step training metric), ``points`` (evaluations: before, periodic, after) or ``band``;
-    ``right_axis`` puts it against a second y axis (another unit than the panel's own).
-    """
-
-    label: str
-    steps: tuple[int, ...]
-    values: tuple[float, ...]
-    kind: str = "line"
-    upper: tuple[float, ...] | None = None
-    right_axis: bool = False
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One subplot: ``key`` (accuracy, reward, length, kl, entropy), its title, y-axis labels and series."""
-
-    key: str
-    title: str
-    ylabel: str
-    series: tuple[Series, ...]
-    right_ylabel: str | None = None
-
-
-def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """The steps at which ``key`` was logged with a finite value, and those values."""
-    points = [
-        (r["step"], float(r[key]))
-        for r in history
-        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r
-    ]
-    return [p[0] for p in points], [p[1] for p in points]
-
-
-def _line(history: list[dict], key: str, label: str, **kwargs) -> Series | None:
-    steps, values = _series(history, key)
-    return Series(label, tuple(steps), tuple(values), **kwargs) if steps else None
-
-
-def _same(a: Series | None, b: Series | None) -> bool:
-    """Both logged at the same steps with the same values: one of them would only repeat the other."""
-    if a is None or b is None or a.steps != b.steps:
-        return False
-    return all(abs(x - y) <= 1e-9 for x, y in zip(a.values, b.values, strict=True))
-
-
-def _constant(values) -> bool:
-    return max(values) - min(values) <= 1e-12
-
-
-def _band(history: list[dict], low_key: str, high_key: str, label: str) -> Series | None:
-    """A min-max band where both edges are logged, left out when neither edge ever moves (it would say nothing)."""
-    rows = [
-        (r["step"], float(r[low_key]), float(r[high_key]))
-        for r in history
-        if all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for k in (low_key, high_key))
-    ]
-    if not rows:
-        return None
-    steps, low, high = zip(*rows, strict=True)
-    if _constant(low) and _constant(high):
-        return None
-    return Series(label, steps, low, kind="band", upper=high)
-
-
-def _last_step(history: list[dict]) -> int:
-    return max((r["step"] for r in history if "step" in r), default=0)
-
-
-def _heldout(history: list[dict], eval_results: dict | None) -> Series | None:
-    """Greedy held-out accuracy: before (step 0), every periodic ``eval/accuracy``, after (the last step)."""
-    steps, values = _series(history, "eval/accuracy")
-    points = list(zip(steps, values, strict=True))
-    before, after = ((eval_results or {}).get(phase) for phase in ("before", "after"))
-    if isinstance(before, dict) and before.get("accuracy") is not None:
-        points.insert(0, (0, before["accuracy"]))
-    if isinstance(after, dict) and after.get("accuracy") is not None:
-        last = _last_step(history)
-        if points and points[-1][0] == last and abs(points[-1][1] - after["accuracy"]) <= 1e-12:
-            points.pop()  # the periodic evaluation of the last step is the after evaluation
-        points.append((last, after["accuracy"]))
-    if not points:
-        return None
-    total = next((p.get("total") for p in (before, after) if isinstance(p, dict) and p.get("total")), None)
-    label = f"held-out, greedy (n={total})" if total else "held-out, greedy"
-    steps, values = zip(*points, strict=True)
-    return Series(label, steps, values, kind="points")
-
-
-def _reward_functions(history: list[dict]) -> list[str]:
-    """Names of the reward functions TRL logged a per-function mean for (``rewards/<name>/mean``)."""
-    names = dict.fromkeys(
-        k[len("rewards/") : -len("/mean")]
-        for r in history
-        for k in r
-        if k.startswith("rewards/") and k.endswith("/mean")
-    )
-    return list(names)
-
-
-def _accuracy_panel(history: list[dict], eval_results: dict | None, reward: Series | None) -> Panel | None:
-    heldout = _heldout(history, eval_results)
-    train = _line(history, "accuracy", "train, sampled")
-    if train is not None and _same(train, reward):
-        train = replace(train, label="train, sampled (= reward)")
-    series = tuple(s for s in (train, heldout) if s is not None)
-    if not series:
-        return None
-    if train is not None and heldout is not None:
-        title = "Accuracy: train vs held-out"
-    else:
-        title = "Held-out accuracy" if heldout is not None else "Train accuracy (sampled)"
-    return Panel("accuracy", title, "fraction correct", series)
-
-
-def _reward_panel(history: list[dict], reward: Series | None, accuracy: Series | None) -> Panel | None:
-    """Mean reward, its batch min-max and one line per reward function, leaving out what another series repeats.
-
-    With a single 0/1 correctness reward the mean reward is the train accuracy (drawn on the accuracy panel) and the
-    batch min-max is 0..1 by construction, so the panel is left out.
-    """
-    if reward is None:
-        return None
-    kept: list[Series] = []
-    if not _same(reward, accuracy):  # else a single 0/1 correctness reward: the accuracy panel draws it
-        band = _band(history, "reward/min", "reward/max", "lowest to highest in the batch")
-        kept = [reward] + ([band] if band is not None else [])
-    names = _reward_functions(history)
-    if len(names) > 1:
-        for name in names:
-            line = _line(history, f"rewards/{name}/mean", name)
-            if line is not None and not any(_same(line, s) for s in (reward, accuracy, *kept)):
-                kept.append(line)
-    if not kept:
-        return None
-    return Panel("reward", "Training reward (sampled completions)", "reward", tuple(kept))
-
-
-def _length_panel(history: list[dict]) -> Panel | None:
-    mean = _line(history, "completions/mean_length", "mean")
-    if mean is None:
-        return None
-    band = _band(history, "completions/min_length", "completions/max_length", "shortest to longest")
-    clipped = _line(history, "completions/clipped_ratio", "clipped at max length", right_axis=True)
-    series = tuple(s for s in (band, mean, clipped) if s is not None)
-    right = "fraction clipped" if clipped is not None else None
-    return Panel("length", "Completion length", "tokens", series, right)
-
-
-def choose_panels(history: list[dict], eval_results: dict | None = None) -> list[Panel]:
-    """The panels of the training figure, in order, from ``training_history.json``'s records and eval results.
-
-    1. accuracy: greedy held-out accuracy at step 0 (before), at every periodic ``eval/accuracy`` and at the last
-       step (after); the sampled train accuracy with it. 2. reward: the mean reward, its batch min-max and the
-       per-function means, only what does not repeat another series (a single 0/1 correctness reward *is* the train
-       accuracy, and its min-max is 0..1 by construction). 3. length: completion length (mean, min-max) and the
-       fraction clipped at ``max_completion_length``. 4. kl: TRL logs ``kl`` only when beta != 0. 5. entropy, whose
-       title says when the KL was not computed. A panel without data is left out.
-    """
-    reward = _line(history, "reward", "mean reward")
-    accuracy = _line(history, "accuracy", "train, sampled")
-    panels = [
-        _accuracy_panel(history, eval_results, reward),
-        _reward_panel(history, reward, accuracy),
-        _length_panel(history),
-    ]
-    kl = _line(history, "kl", "KL(policy || reference)")
-    if kl is not None:
-        panels.append(Panel("kl", "KL to the reference model", "nats per token", (kl,)))
-    entropy = _line(history, "entropy", "entropy")
-    if entropy is not None:
-        title = "Policy entropy" if kl is not None else "Policy entropy; KL not computed (beta = 0)"
-        panels.append(Panel("entropy", title, "nats per token", (entropy,)))
-    return [p for p in panels if p is not None]
-
-
-def plot_training(
-    history: list[dict], path: str | Path, eval_results: dict | None = None, gain: dict | None = None
-) -> Path:
-    """Write the training figure (``choose_panels``) as a PNG; returns its path."""
-    path = Path(path)
-    training_figure(history, eval_results, gain).savefig(path, dpi=100)
-    return path
-
-
-def _draw_gain(ax, gain: dict, before: float, step: int) -> None:
-    """On the accuracy panel: the before level (dotted), and at the last step the interval of before + difference.
-
-    The bar spans before + ci95, so it crosses the dotted line exactly when the interval includes zero.
-    """
-    low, high = gain["ci95"]
-    after = before + gain["gain"]
-    ax.axhline(before, color="tab:red", linestyle=":", linewidth=1, alpha=0.7)
-    ax.errorbar(
-        [step],
-        [after],
-        yerr=[[max(0.0, after - (before + low))], [max(0.0, before + high - after)]],
-        fmt="none",
-        ecolor="black",
-        elinewidth=1.5,
-        capsize=5,
-        label="95% CI of after - before, from before (dotted)",
-    )
-    ax.text(
-        0.02,
-        0.98,
-        f"held-out after - before: {_points(gain['gain'])} pts\n"
-        f"95% CI {_points(low)} to {_points(high)} (paired, n={gain['n']})\n"
-        f"{gain['right_to_wrong']} right→wrong, {gain['wrong_to_right']} wrong→right",
-        transform=ax.transAxes,
-        va="top",
-        ha="left",
-        fontsize=8,
-        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"},
-    )
-
-
-_COLORS = {"points": "tab:red", "band": "tab:blue"}
-_LINE_COLORS = ("tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:olive")
-
-
-def _draw_series(ax, series: Series, color: str, linestyle: str = "-") -> None:
-    if series.kind == "band":
-        ax.fill_between(series.steps, series.values, series.upper, alpha=0.2, color=color, label=series.label)
-    else:
-        marker = "o" if series.kind == "points" else "."
-        ax.plot(series.steps, series.values, marker=marker, color=color, linestyle=linestyle, label=series.label)
-
-
-def _draw_panel(ax, panel: Panel) -> None:
-    right = ax.twinx() if panel.right_ylabel else None
-    colors = iter(_LINE_COLORS)
-    for series in panel.series:
-        if series.right_axis:
-            _draw_series(right, series, "tab:gray", linestyle="--")
-        else:
-            _draw_series(ax, series, _COLORS.get(series.kind) or next(colors))
-    ax.set_title(panel.title)
-    ax.set_ylabel(panel.ylabel)
-    ax.grid(alpha=0.3)
-    if panel.key == "accuracy":
-        ax.set_ylim(-0.02, 1.02)
-    handles, labels = ax.get_legend_handles_labels()
-    if right is not None:
-        right.set_ylabel(panel.right_ylabel)
-        right.set_ylim(-0.02, 1.02)
-        more = right.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
-    if len(handles) > 1 or panel.key in ("accuracy", "reward"):
-        ax.legend(handles, labels, loc="best", fontsize=8)
-
-
-def _panel_axes(fig, count: int) -> list:
-    """``count`` axes on a two-column grid sharing the step axis; with an odd count the first spans the top row."""
-    if count == 1:
-        return [fig.add_subplot(1, 1, 1)]
-    rows = (count + 1) // 2
-    grid = fig.add_gridspec(rows, 2)
-    cells = [grid[0, :]] if count % 2 else []
-    cells += [grid[r, c] for r in range(rows) for c in range(2)][2 * len(cells) :]
-    axes = [fig.add_subplot(cell) for cell in cells[:count]]
-    for ax in axes[1:]:
-        ax.sharex(axes[0])
-    return axes
-
-
-def training_figure(history: list[dict], eval_results: dict | None = None, gain: dict | None = None):
-    """The training figure: one panel per ``choose_panels`` entry, against the optimizer step.
-
-    With ``eval_results`` the held-out curve starts at the before and ends at the after accuracy; with a paired
-    ``gain`` (``hf_grpo.evaluation.stats.paired_gain``; by default ``eval_results["gain"]`` when it holds one) the
-    accuracy panel also shows the before -> after difference with its 95% interval, as an error bar at the last step
-    and as text. Built without pyplot, so it neither needs a display nor changes the backend of the caller (a
-    notebook keeps its inline plots).
-    """
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    panels = choose_panels(history, eval_results)
-    rows = max(1, (len(panels) + 1) // 2)
-    fig = Figure(figsize=(11, 1.0 + 3.2 * rows))
-    if not panels:
-        fig.text(0.5, 0.5, "nothing logged yet", ha="center", va="center")
-        return fig
-    for ax, panel in zip(_panel_axes(fig, len(panels)), panels, strict=True):
-        _draw_panel(ax, panel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if ax.get_subplotspec().is_last_row():
-            ax.set_xlabel("optimizer step")
-        if panel.key == "accuracy" and eval_results and any(s.kind == "points" for s in panel.series):
-            usable = _usable_gain(gain if gain is not None else eval_results.get("gain"), eval_results)
-            before = (eval_results.get("before") or {}).get("accuracy")
-            if usable is not None and before is not None:
-                _draw_gain(ax, usable, before, panel.series[-1].steps[-1])
-                ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def eval_table(results: dict, gain: dict | None = None) -> str:
-    """The before/after table in Markdown (seed 002's layout: correct, formatted-but-wrong, unparseable).
-
-    Problems whose grading timed out or failed (``timeout`` / ``error``, ``hf_grpo.evaluation.core``) get a row each
-    when there are any, before or after.
-
-    With a paired ``gain`` (by default ``results["gain"]`` when it holds one) two rows follow: the difference with its
-    95% interval, and the right -> wrong / wrong -> right counts. Without one the table ends at the problem count.
-    """
-    gain = _usable_gain(gain if gain is not None else results.get("gain"), results)
-    rows = ["| metric | before | after | change |", "|---|---|---|---|"]
-    before, after = results["before"], results["after"]
-    b_total, a_total = before["total"] or 1, after["total"] or 1
-    rows.append(
-        f"| accuracy | {before['accuracy']:.1%} | {after['accuracy']:.1%} | "
-        f"{(after['accuracy'] - before['accuracy']) * 100:+.1f} points |"
-    )
-    kinds = [("correct", "correct"), ("wrong", "answered, wrong"), ("unparseable", "no answer found")]
-    for key, label in (("timeout", "grading timed out"), ("error", "grading failed")):
-        if before.get(key) or after.get(key):  # only when it happened (results written before they existed lack them)
-            kinds.append((key, label))
-    for key, label in kinds:
-        b, a = before.get(key, 0), after.get(key, 0)
-        rows.append(f"| {label} | {b} ({b / b_total:.1%}) | {a} ({a / a_total:.1%}) | {a - b:+d} |")
-    rows.append(f"| held-out problems | {before['total']} | {after['total']} | |")
-    if gain is not None:
-        rows.append(f"| accuracy difference, paired | | | {gain_interval(gain)} |")
-        rows.append(
-            f"| problems right → wrong / wrong → right | | | {gain['right_to_wrong']} / {gain['wrong_to_right']} |"
-        )
-    return "\n".join(rows)
-
-
-def _num(value) -> str:
-    """A logged number to 3 decimals; ``n/a`` for one that is missing or not finite (a batch no reward could score)."""
-    return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
-
-
-def summary_markdown(output_dir: str | Path) -> str:
-    """A Markdown summary of the run: held-out before/after table, training facts, the plot."""
-    output_dir = Path(output_dir)
-    history, results = read_history(output_dir), read_eval_results(output_dir)
-    lines = [f"# Training summary: {output_dir.name}", ""]
-    if results:
-        gain = read_gain(output_dir, results)
-        lines += ["## Held-out accuracy (greedy)", "", eval_table(results, gain), ""]
-        if gain is not None:
-            lines += [gain_sentence(gain), ""]
-    logged = [r for r in history if "reward" in r]
-    if logged:
-        last = logged[-1]
-        runtime = next((r["train_runtime"] for r in reversed(history) if "train_runtime" in r), None)
-        lines += ["## Training", "", f"- optimizer steps: {last['step']}"]
-        if runtime is not None:
-            lines.append(f"- training time: {runtime:.0f} s")
-        lines.append(f"- reward: {_num(logged[0]['reward'])} (first log) -> {_num(last['reward'])} (last log)")
-        if "accuracy" in last:
-            lines.append(f"- train accuracy (sampled): {_num(logged[0].get('accuracy'))} -> {_num(last['accuracy'])}")
-        if "dynamic_sampling/kept_fraction" in last:
-            kept = [r["dynamic_sampling/kept_fraction"] for r in logged if "dynamic_sampling/kept_fraction" in r]
-            lines.append(f"- dynamic sampling: {sum(kept) / len(kept):.0%} of generated groups kept on average")
-        lines.append("")
-    if (output_dir / PLOT_FILE).is_file():
-        lines += [f"![training curves]({PLOT_FILE})", ""]
-    return "\n".join(lines)
-
-
-def write_report(output_dir: str | Path) -> Path:
-    """Plot the run in ``output_dir`` from its history and eval results, and write its Markdown summary."""
-    output_dir = Path(output_dir)
-    results = read_eval_results(output_dir)
-    gain = read_gain(output_dir, results) if results else None
-    plot = plot_training(read_history(output_dir), output_dir / PLOT_FILE, results, gain)
-    (output_dir / SUMMARY_FILE).write_text(summary_markdown(output_dir))
+def write_report(run: RunResult | str | Path) -> Path:
+    """Plot the run (a ``RunResult``, or the output_dir of a finished run) and write its Markdown summary; returns the
+    plot's path."""
+    run = as_run_result(run)
+    plot = plot_training(run.history, run.output_dir / PLOT_FILE, run.evaluations, run.gain)
+    (run.output_dir / SUMMARY_FILE).write_text(summary_markdown(run))
     return plot
 
 
+def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.evaluation.report") -> int:
+    """Rebuild the figure, ``summary.md`` and the model card of a finished run; 2 for a run file that does not parse."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Rebuild training_curves.png, summary.md and the model card (README.md) of a finished hf_grpo "
+        "run from the files in its output directory.",
+    )
+    parser.add_argument("output_dir", nargs="?", default=".", help="the output_dir of a run (default: .)")
+    args = parser.parse_args(argv)
+    if not Path(args.output_dir).is_dir():
+        print(f"{parser.prog}: error: {args.output_dir!r} is not a directory", file=sys.stderr)  # noqa: T201
+        return 2
+    try:
+        run = RunResult.load(args.output_dir)
+    except RunFileError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    print(write_report(run))  # noqa: T201
+    print(write_local_card(run))  # noqa: T201
+    return 0
+
+
 if __name__ == "__main__":
-    print(write_report(sys.argv[1] if len(sys.argv) > 1 else "."))  # noqa: T201
+    sys.exit(main())

@@ -5,20 +5,23 @@ difference d_i = after_i - before_i is -1 (right -> wrong), 0 (unchanged) or +1 
 accuracy is their mean. Its uncertainty comes only from the problems that changed, so a +3.5 point gain on 200
 problems can be noise (16 right -> wrong against 23 wrong -> right) or not (1 against 8), which the two accuracies
 alone cannot tell. ``paired_gain`` takes the two grade lists; ``gain_from_run`` reads them from a run's
-``eval_before.jsonl`` and ``eval_after.jsonl`` (written by ``hf_grpo.evaluation.tasks.TaskEvaluator.run``).
-The report (``summary.md``, ``training_curves.png``) and the Hub model card show what they return.
+``eval_before.jsonl`` and ``eval_after.jsonl`` (written by ``hf_grpo.evaluation.tasks.TaskEvaluator.run``);
+``resolve_gain`` picks the gain a run's report shows (``usable_gain``: it must agree with the before/after summaries).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import NormalDist
 
-from ..outputs import EVAL_RECORDS
+from ..outputs import EVAL_FILE, EVAL_RECORDS
 
+
+logger = logging.getLogger(__name__)
 
 CORRECT = "correct"  # the grade that counts as right; "wrong" and "unparseable" both count as not right
 METHOD = "Bonett-Price adjusted Wald, paired per problem"
@@ -148,3 +151,63 @@ def gain_from_run(output_dir: str | Path) -> dict | None:
         raise ValueError(f"{out}: {paths[0].name} and {paths[1].name} hold no graded problems")
     order = sorted(before)
     return paired_gain([before[i] for i in order], [after[i] for i in order])
+
+
+def points(x: float) -> str:
+    """A difference in accuracy as signed points: 0.035 -> ``+3.5``."""
+    return f"{x * 100:+.1f}"
+
+
+def usable_gain(gain, results: dict | None) -> dict | None:
+    """``gain`` when it is a paired_gain dict that agrees with the before/after summaries of ``results``, else None.
+
+    A gain computed from jsonl files of another evaluation (other problems, other grades) would put numbers next to
+    the table that do not belong to it; leaving them out is better than showing them.
+    """
+    if not isinstance(gain, dict):
+        return None
+    try:
+        n, low, high = int(gain["n"]), float(gain["ci95"][0]), float(gain["ci95"][1])
+        values = [float(gain[k]) for k in ("gain", "before_accuracy", "after_accuracy")]
+        int(gain["right_to_wrong"]), int(gain["wrong_to_right"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    if n <= 0 or not all(math.isfinite(v) for v in (low, high, *values)):
+        return None
+    for phase in ("before", "after"):
+        summary = (results or {}).get(phase)
+        if not isinstance(summary, dict):
+            continue
+        if summary.get("total") is not None and summary["total"] != n:
+            return None
+        if summary.get("accuracy") is not None and abs(summary["accuracy"] - gain[f"{phase}_accuracy"]) > 1e-9:
+            return None
+    return gain
+
+
+def resolve_gain(output_dir: str | Path, results: dict | None) -> dict | None:
+    """The paired before/after gain of the run in ``output_dir`` whose ``eval_results.json`` is ``results``.
+
+    ``results["gain"]`` when the run stored a usable one, else computed from ``eval_before.jsonl`` and
+    ``eval_after.jsonl``; None (and the report leaves the numbers out, with a warning) when neither is there, when
+    the files cannot be paired, or when they disagree with the before/after summaries.
+    """
+    stored = (results or {}).get("gain")
+    if stored is not None:
+        if usable_gain(stored, results) is not None:
+            return stored
+        logger.warning("%s: the stored gain does not match the before/after results; recomputing it", EVAL_FILE)
+    try:
+        gain = gain_from_run(output_dir)
+    except (OSError, ValueError) as exc:
+        logger.warning("no paired before/after interval in the report: %s", exc)
+        return None
+    if gain is not None and usable_gain(gain, results) is None:
+        logger.warning(
+            "no paired before/after interval in the report: eval_before.jsonl / eval_after.jsonl in %s do not match "
+            "%s (another evaluation?)",
+            output_dir,
+            EVAL_FILE,
+        )
+        return None
+    return gain

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from accelerate import PartialState
@@ -24,7 +25,8 @@ from transformers import TrainerCallback
 
 from ..outputs import EVAL_RECORDS
 from ..progress import enabled_for
-from ..rewards.isolation import IsolatedReward, RewardPool, default_num_workers
+from ..rewards.wrapper import IsolatedReward, RewardPool
+from ..workers import default_num_workers
 from .core import DEFAULT_GRADE_TIMEOUT, EVAL_GRADES, MAX_GRADE_WORKERS, evaluate
 
 
@@ -129,20 +131,19 @@ class TaskEvaluator:
             )
         return summary
 
-    def callback(self, trainer) -> TrainerCallback:
-        return _PeriodicEval(self, trainer)
+    def callback(self, trainer, log: Callable[[object, dict[str, float]], None]) -> TrainerCallback:
+        """A callback that evaluates every ``task_eval_steps`` and logs ``{"accuracy": ...}`` with ``log(trainer,
+        metrics)`` (the run passes ``hf_grpo.trackers.log_evaluation``)."""
+        return _PeriodicEval(self, trainer, log)
 
 
 class _PeriodicEval(TrainerCallback):
-    """Runs the task evaluation every ``task_eval_steps`` optimizer steps and logs ``eval/accuracy``
-    (``hf_grpo.trackers.log_evaluation``)."""
+    """Runs the task evaluation every ``task_eval_steps`` optimizer steps and logs ``eval/accuracy``."""
 
-    def __init__(self, evaluator: TaskEvaluator, trainer):
-        self.evaluator, self.trainer = evaluator, trainer
+    def __init__(self, evaluator: TaskEvaluator, trainer, log: Callable[[object, dict[str, float]], None]):
+        self.evaluator, self.trainer, self.log = evaluator, trainer, log
 
     def on_step_end(self, args, state, control, **kwargs):
-        from ..trackers import log_evaluation
-
         if state.global_step % args.task_eval_steps:
             return
         summary = self.evaluator.run(
@@ -154,5 +155,5 @@ class _PeriodicEval(TrainerCallback):
         )
         # A log record of its own: the trackers get it as eval/accuracy (through the trainer's metrics it would
         # reach them as train/eval/accuracy), training_history.json as before.
-        log_evaluation(self.trainer, {"accuracy": summary["accuracy"]})
+        self.log(self.trainer, {"accuracy": summary["accuracy"]})
         self.trainer.last_task_eval = (state.global_step, summary["accuracy"])

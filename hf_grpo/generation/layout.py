@@ -3,19 +3,10 @@
     generation:
       backend: vllm_server        # transformers | vllm_colocate | vllm_server
       gpus: [0]                   # GPUs of the vLLM server; training gets the next num_processes GPUs
-      port: 8000
-      gpu_memory_utilization: 0.85
       weight_sync: auto           # lora (adapter only, no vllm on the trainer) | full (TRL's NCCL transfer) | auto
 
-``backend`` left unset keeps the TRL fields of the recipe (``use_vllm``, ``vllm_mode``, ...) as written. Otherwise
-this module sets them (``trl_fields``) and builds the exact ``vllm serve`` and ``accelerate launch`` commands of the
-layout (``server_command``, ``training_env``). The server binds 127.0.0.1 unless ``host`` says otherwise.
-
-Weight sync: ``lora`` writes the LoRA adapter (safetensors) after each optimizer step and hot-loads it into the
-server under a new name (``/v1/load_lora_adapter``; a new name per step also keeps vLLM's prefix cache from serving
-blocks computed with old weights); generation goes through ``hf_grpo.generation.vllm_client`` and the trainer needs
-no vllm install. ``full`` uses TRL's server mode (NCCL weight transfer; vllm must be installed next to the trainer).
-``auto`` picks ``lora`` for a LoRA recipe and ``full`` otherwise.
+``trl_fields`` sets the recipe's TRL fields (``use_vllm``, ``vllm_mode``, ...); ``server_command`` builds the exact
+``vllm serve`` command. All keys and the weight sync modes: docs/generation.md.
 """
 
 from __future__ import annotations

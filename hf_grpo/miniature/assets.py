@@ -4,20 +4,9 @@
     assets = ensure_assets(spec)          # builds once (under a file lock), then reuses the cache
     assets.model_dir, assets.files        # a from_pretrained directory; {"openai/gsm8k:train": ".../gsm8k-train.jsonl"}
 
-The model is a randomly initialised 2-layer model of the recipe's ``model_type`` (read from the model's
-``config.json`` when it is on disk or in the hub cache, else from its name), with a byte-level BPE tokenizer trained
-on the miniature's own text, saved as safetensors and loaded by the recipe's own ``from_pretrained`` code. It is
-warm-started on the miniature train split written exactly as the recipe writes prompts (``format_prompt``) and
-answered in the format its correctness reward reads (``#### N``, ``\\boxed{N}`` or r1_zero's ``</think> <answer>``),
-so that a few GRPO steps see rewards that vary within a group: dynamic sampling, the advantage estimator and the
-loss all do real work.
-
-The data files hold generated one-step arithmetic problems in each dataset's own columns and gold-answer format
-(GSM8K ``question``/``answer`` with ``#### N``; MATH ``problem``/``solution`` with ``\\boxed{N}``; MATH-500 and
-OpenMathInstruct-2 with a bare ``answer``/``expected_answer``), disjoint between train and held-out splits.
-
-Everything lives under ``$HF_GRPO_CACHE`` (default ``~/.cache/hf_grpo``)``/miniature/<key>``, where the key hashes the
-specification and ``ASSETS_VERSION``; a build goes to a temporary directory that is renamed when complete.
+A 2-layer model of the recipe's architecture family with its own tokenizer, warm-started on the miniature's data in
+the recipe's prompt and answer format; the data files hold generated arithmetic problems in each dataset's columns.
+Cached under ``$HF_GRPO_CACHE/miniature/<key>``. How each is built: docs/recipes.md, "The miniature's assets".
 """
 
 from __future__ import annotations
@@ -33,6 +22,14 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch
+from huggingface_hub import try_to_load_from_cache
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from ..data.arithmetic import make_split
+from ..data.loaders import DataArguments, format_prompt
+from ..tiny import build_tokenizer, warm_start
 
 
 logger = logging.getLogger(__name__)
@@ -121,8 +118,6 @@ def architecture_family(name_or_path: str) -> tuple[str, str]:
     if not config.is_file():
         config, source = None, "the hub cache"
         with contextlib.suppress(Exception):  # an id that is not a valid repo name has no cache entry either
-            from huggingface_hub import try_to_load_from_cache
-
             cached = try_to_load_from_cache(name_or_path, "config.json")
             config = Path(cached) if isinstance(cached, str) else None
     if config is not None:
@@ -142,8 +137,6 @@ def architecture_family(name_or_path: str) -> tuple[str, str]:
 
 def _problems(role: str, n: int, seed: int) -> list[tuple[str, int, str, int, int]]:
     """(question, a, op, b, result) tuples of the embedded arithmetic generator (disjoint train/held-out questions)."""
-    from ..data.arithmetic import make_split
-
     out = []
     for p in make_split("train" if role == "train" else "test", n, seed):
         a, op, b, _, result = p["answer"].splitlines()[0].split()
@@ -246,8 +239,6 @@ def ensure_assets(spec: AssetSpec) -> Assets:
 
 
 def _build(spec: AssetSpec, root: Path) -> None:
-    from ..data.loaders import DataArguments, format_prompt
-
     start = time.perf_counter()
     prompt_args = DataArguments(**asdict(spec.prompt))
     rows_by_split, train_problems = {}, None
@@ -267,30 +258,17 @@ def _build(spec: AssetSpec, root: Path) -> None:
         for q, a, op, b, r in train_problems
     ]
     model, tokenizer = _tiny_model(spec, examples, rows_by_split)
-    from ..tiny import warm_start
-
     warm_start(model, tokenizer, WARM_START_STEPS, lr=WARM_START_LR, seed=spec.seed, examples=examples)
     model.save_pretrained(root / "model")  # safetensors
     tokenizer.save_pretrained(root / "model")
     (root / "spec.json").write_text(json.dumps({"version": ASSETS_VERSION, **asdict(spec)}, indent=2))
     (root / "COMPLETE").write_text("")
     params = sum(p.numel() for p in model.parameters())
-    logger.info(
-        "miniature: built a %s model (%d parameters) and %d data file(s) in %.1f s under %s",
-        spec.family,
-        params,
-        len(spec.splits),
-        time.perf_counter() - start,
-        root,
-    )
+    message = "miniature: built a %s model (%d parameters) and %d data file(s) in %.1f s under %s"
+    logger.info(message, spec.family, params, len(spec.splits), time.perf_counter() - start, root)
 
 
 def _tiny_model(spec: AssetSpec, examples: list, rows_by_split: dict):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from ..tiny import build_tokenizer
-
     texts = ["user\n", "assistant\n", "system\n"] * 50
     for prompt, completion in examples:
         texts += [prompt if isinstance(prompt, str) else " ".join(m["content"] for m in prompt), completion]

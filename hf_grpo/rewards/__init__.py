@@ -1,27 +1,10 @@
 """Rewards: grading, the built-in reward functions, and how a recipe names them.
 
-``reward_funcs`` in a recipe names each reward in one of these spellings (``resolve_reward``), tried in this order:
-
-- ``module.path:function``: a function in an importable module (the recipe's directory is importable).
-- a built-in name (``REWARD_FUNCS``: ``gsm8k_correctness``, ``hash_format``, ...).
-- a TRL reward name, as ``trl grpo --reward_funcs`` accepts it (``trl_reward_names()``: ``accuracy_reward``,
-  ``reasoning_accuracy_reward``, ``think_format_reward``, ``get_soft_overlong_punishment``, ...): TRL's function
-  itself. TRL's factories (``get_*``) stand for a reward taking the factory's arguments from ``reward_kwargs``
-  (``TRL_FACTORY_REWARDS``; ``get_soft_overlong_punishment`` defaults to ``trl grpo``'s 1280 / 256 tokens).
-- a dotted path, ``trl.rewards.accuracy_reward`` or ``my_pkg.rewards.fn``: split at the last dot, the module part
-  imported (TRL's factories are replaced as above).
-
-A built-in name wins over a TRL name that is spelled the same (none is today). A reward's metrics
-(``rewards/<name>/...``) and its ``reward_kwargs`` entry use ``reward_name``: the function name of the spelling
-(``accuracy_reward`` for all three spellings of it). TRL's ``accuracy_reward`` and ``think_format_reward`` read
-conversational completions only (``prompt_style: chat``). ``reward_kwargs`` passes keyword arguments to a reward by
-its name in ``reward_funcs``, and TRL's ``reward_weights`` scales them. ``grade`` is the single grading function
-every part of the project uses.
-
-``load_reward_funcs`` returns the callables for TRL. With ``reward_isolation`` (the default) they run in a pool of
-``reward_workers`` warm worker processes with a hard ``reward_timeout`` per completion (``hf_grpo.rewards.isolation``):
-a completion that hangs or makes a reward raise gets no reward (None) instead of stalling or crashing training, and
-is counted in ``rewards/<name>/timeouts`` / ``rewards/<name>/errors``.
+``resolve_reward`` reads a name of ``reward_funcs`` (``module.path:function``, a built-in of ``REWARD_FUNCS``, a
+TRL reward name as ``trl grpo --reward_funcs`` takes it, or a dotted path); ``reward_name`` names its metrics and
+``reward_kwargs`` entry. ``load_reward_funcs`` returns the callables for TRL, in worker processes with a hard
+timeout when ``reward_isolation`` is on (``hf_grpo.rewards.wrapper``). ``grade`` is the single grading function
+every part of the project uses. Spellings, their order and TRL's factories: docs/grading.md.
 """
 
 from __future__ import annotations
@@ -39,6 +22,7 @@ from typing import Any
 
 from .functions import REWARD_FUNCS, TRL_FACTORY_REWARDS, completion_text
 from .grading import GRADES, grade
+from .wrapper import RewardIsolationError, RewardPool, is_async, isolate, reward_modules
 
 
 logger = logging.getLogger(__name__)
@@ -259,8 +243,6 @@ def load_reward_funcs(args: RewardArguments) -> list[Callable]:
         resolved.append((name, fn, functools.partial(fn, **kwargs[name]) if name in kwargs else fn))
     if not args.reward_isolation:
         return [_in_process(name, fn, bound) for name, fn, bound in resolved]
-
-    from .isolation import RewardIsolationError, RewardPool, is_async, isolate, reward_modules
 
     to_isolate = [(name, fn, bound) for name, fn, bound in resolved if not is_async(fn)]
     pool = (

@@ -6,7 +6,7 @@ TRL skips). Recipes name them in ``reward_funcs`` and scale them with ``reward_w
 is ``[gsm8k_correctness, hash_format, length]`` with weights ``[1.0, 0.1, 0.05]``.
 
 The correctness rewards are ``grade_completion`` per completion plus ``log_grades`` for the batch;
-``GRADED_REWARDS`` maps each of them to its task, so ``hf_grpo.rewards.isolation`` can grade in worker processes and
+``GRADED_REWARDS`` maps each of them to its task, so ``hf_grpo.rewards.wrapper`` can grade in worker processes and
 still report the same ``accuracy`` / ``grade/*`` metrics.
 
     >>> hash_format(["7 + 1 = 8\\n#### 8", "8"])

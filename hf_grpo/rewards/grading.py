@@ -1,32 +1,8 @@
 """Answer extraction and grading: the one place that decides whether a completion is right.
 
-``grade(completion, gold, task)`` returns ``"correct"``, ``"wrong"`` (an answer was extracted but is not equal to
-the gold one) or ``"unparseable"`` (no answer could be extracted). Rewards, the per-step grade metrics, the
-evaluator and the tests all go through it, so a change here changes every number the project reports.
-
-GSM8K (``task="gsm8k"``): the gold answer is the number after the last ``####`` (GSM8K's ``... #### 72``) or, when
-there is no ``####``, the whole string if it is a bare number (``72``, ``$1,234``, ``-3/4``; the ``arithmetic``
-data's ``solution`` column). Anything else (a MATH solution, a worked line such as ``8 + 7 = 15``) is not GSM8K gold
-and is never read as its first number: ``gsm8k_gold`` returns None, the data loader drops the row, and ``grade``
-raises. ``check_gold_format`` warns when a sample of a dataset's gold answers does not fit its task. The
-prediction is, in order of preference: the text after the last ``####``, the last ``\\boxed{...}``, the number after
-"answer is" / "answer:", and finally the last number in the completion (lm-eval's "flexible" extraction); a place
-that holds no number (a bare ``####`` ending a cut-off completion) falls through to the next. Numbers are compared
-as exact rationals after removing ``$``, thousands separators (also LaTeX's ``2{,}000``), units and a trailing
-``%``, so ``$1,234.00``, ``1234`` and ``1,234 dollars`` are equal, and ``3/4`` and ``\\frac{3}{4}`` equal ``0.75``.
-
-MATH (``task="math"``): the gold answer is the content of the last ``\\boxed{}`` in the gold solution (or the
-whole string). Equivalence is decided by math-verify with the gold answer first (the argument order matters:
-``verify`` is deliberately asymmetric). A completion is unparseable when math-verify extracts nothing from it.
-With several ``\\boxed{}`` in a completion the last one counts; math-verify's own reading of the whole completion,
-which joins "$\\boxed{-2}$ and $\\boxed{3}$" into one answer, is tried second.
-
-math-verify's own timeouts use ``signal.alarm`` and only work in a main thread, and they cannot interrupt a long
-C-level SymPy call (huggingface/Math-Verify#65). They are disabled here; hard timeouts are enforced by running
-grading in killable worker processes (``hf_grpo.rewards.isolation``). ``grade`` called directly (a notebook, a
-user's reward) has no such process, so a power of over ``MAX_POWER_DIGITS`` digits (``power_digits``: Math-Verify#65's
-``5^(5^(5^3125))``) never reaches SymPy: a boxed one grades ``wrong`` (it equals no gold), a gold one is refused.
-Other expressions SymPy evaluates for ever (``99999999999!``) are still bounded only by the worker timeouts.
+``grade(completion, gold, task)`` returns ``"correct"``, ``"wrong"`` or ``"unparseable"`` (``task="gsm8k"``: exact
+rationals; ``task="math"``: math-verify). Rewards, grade metrics, the evaluator and the tests all go through it;
+``check_gold_format`` warns when gold answers do not fit their task. Rules and timeouts: docs/grading.md.
 
     >>> grade("5 + 3 = 8\\n#### 8", "#### 8", "gsm8k")
     'correct'

@@ -1,1 +1,0 @@
-"""vLLM's entry points; the stand-in has the offline ``LLM`` only (``vllm serve``: hf_grpo.miniature.vllm_server)."""

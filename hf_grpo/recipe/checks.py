@@ -1,0 +1,262 @@
+"""The checks that span several keys of a recipe: its env section, the files it names, its data and rewards, LoRA
+keys, logging/saving intervals, the number of optimizer steps, the generation section and the weights' precision.
+Each raises ``RecipeError`` naming the key, the value and a fix."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..config import ModelArguments
+from ..data.loaders import LOCAL_BUILDERS, TRL_COLUMNS, DataArguments, is_local_file
+from ..generation.layout import GenerationArguments, check_generation
+from ..launch import Layout
+from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
+from ..rewards.grading import TASKS
+from .schema import BatchPlan, RecipeError, default_of
+
+
+# Whole segments of a variable name (HF_TOKEN, WANDB_API_KEY), so that TOKENIZERS_PARALLELISM is not a secret.
+SECRET_ENV = re.compile(r"(?:^|_)(TOKENS?|KEYS?|APIKEY|SECRETS?|PASSWORDS?|PASSWD|CREDENTIALS?)(?:_|$)", re.IGNORECASE)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# File suffixes that name a data file the ``datasets`` builders of hf_grpo do not read (a hub id has none of them).
+UNREADABLE_DATA_SUFFIXES = (".txt", ".tsv", ".xlsx", ".xls", ".arrow", ".yaml", ".yml", ".xml", ".zip", ".gz", ".tar")
+# Correctness rewards that fix how gold answers are graded, for a dataset with no preset and no ``task``: TRL's
+# accuracy rewards parse the gold with math-verify as MATH does.
+TASK_OF_REWARD = {
+    "math_correctness": "math",
+    "r1_zero_correctness": "math",
+    "accuracy_reward": "math",
+    "reasoning_accuracy_reward": "math",
+    "gsm8k_correctness": "gsm8k",
+}
+LORA_KEYS = (
+    "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save",
+    "lora_task_type", "use_rslora", "use_dora",
+)  # fmt: skip
+INTERVALS = {"save_steps": "save_strategy", "logging_steps": "logging_strategy", "eval_steps": "eval_strategy"}
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def check_env(env: Any, where: str) -> dict[str, str]:
+    """The recipe's ``env`` section as strings: variable names only, no secrets, scalar values."""
+    if not isinstance(env, dict):
+        raise RecipeError(f"{where}: env must be a mapping of VARIABLE: value")
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise RecipeError(f"{where}: env.{name} is not an environment variable name (letters, digits and _)")
+        if SECRET_ENV.search(name):
+            raise RecipeError(f"{where}: env.{name} looks like a secret; export it in the shell, not in a recipe")
+        if isinstance(value, (dict, list)) or value is None:
+            raise RecipeError(f"{where}: env.{name} must be a string, number or boolean, got {value!r}")
+    return {k: str(v) for k, v in env.items()}
+
+
+def _check_dataset_file(key: str, name: Any, where: str) -> None:
+    if not isinstance(name, str):
+        return
+    if is_local_file(name):
+        if not Path(name).expanduser().is_file():
+            raise RecipeError(f"{where}: {key}: local file {name!r} does not exist")
+        return
+    suffix = os.path.splitext(name)[1].lower()
+    if suffix in UNREADABLE_DATA_SUFFIXES or (suffix and Path(name).expanduser().is_file()):
+        raise RecipeError(
+            f"{where}: {key}: {name!r} is a {suffix or 'local'} file, which cannot be read as a dataset; convert it "
+            f"to one of {sorted(LOCAL_BUILDERS)} (one problem per row, with a problem and a gold answer column)"
+        )
+
+
+def _check_output_dir(output_dir: Any, where: str) -> None:
+    """``output_dir`` (or the nearest of its parents that exists) must be a directory: mkdir fails after loading."""
+    if not isinstance(output_dir, str):
+        return
+    path = Path(output_dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is an existing file" if existing == path else f"is under {str(existing)!r}, which is a file"
+        raise RecipeError(f"{where}: output_dir {output_dir!r} {what}; choose a directory path such as outputs/run")
+
+
+def check_files(values: dict, where: str, built_later: set[str] = frozenset()) -> None:
+    """Every file, directory and reward the recipe names exists (``built_later``: a model a miniature builds)."""
+    for key in ("dataset_name", "eval_dataset_name"):
+        _check_dataset_file(key, values.get(key), where)
+    model = values.get("model_name_or_path")
+    local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
+    if local and model not in built_later and not Path(model).expanduser().exists():
+        raise RecipeError(f"{where}: model_name_or_path: local path {model!r} does not exist")
+    _check_output_dir(values.get("output_dir"), where)
+    deepspeed = values.get("deepspeed")
+    if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
+        raise RecipeError(f"{where}: deepspeed: config file {deepspeed!r} does not exist")
+    resume = values.get("resume_from_checkpoint")
+    if isinstance(resume, str) and resume.lower() not in ("true", "auto") and not Path(resume).expanduser().exists():
+        raise RecipeError(f"{where}: resume_from_checkpoint: {resume!r} does not exist")
+    for name in values.get("reward_funcs") or []:
+        try:
+            resolve_reward(name)
+        except RewardLoadError as exc:
+            raise RecipeError(f"{where}: {exc}") from None
+    kwargs = values.get("reward_kwargs") or {}
+    unknown = set(kwargs) - set(values.get("reward_funcs") or RewardArguments().reward_funcs)
+    if unknown:
+        raise RecipeError(f"{where}: reward_kwargs names {sorted(unknown)}, which are not in reward_funcs")
+
+
+def infer_task(data: DataArguments, reward_funcs: list[str]) -> str | None:
+    """The task a recipe without one implies: the one its correctness rewards agree on (None when unset or unclear)."""
+    if data.resolved()["task"] is not None:
+        return None
+    tasks = {TASK_OF_REWARD.get(reward_name(n)) for n in reward_funcs} - {None}
+    return tasks.pop() if len(tasks) == 1 else None
+
+
+def check_data(data: DataArguments, where: str) -> None:
+    """The grader and the columns of the dataset are known before anything loads."""
+    if data.dataset_streaming:
+        raise RecipeError(
+            f"{where}: dataset_streaming is not supported; use max_train_samples to bound a large dataset"
+        )
+    for name in filter(None, (data.dataset_name, data.eval_dataset_name)):
+        spec = data.resolved(None if name == data.dataset_name else name)
+        if spec["task"] not in TASKS:
+            raise RecipeError(
+                f"{where}: dataset {name!r} needs task: one of {list(TASKS)} (how gold answers are graded); "
+                f"got {spec['task']!r}"
+            )
+        if not is_local_file(name):
+            continue  # a hub dataset's columns are checked when it loads, before the model (hf_grpo.train.run)
+        columns = _local_columns(name)
+        for key in ("prompt_column", "solution_column"):
+            default = TRL_COLUMNS[key]  # a dataset in TRL's format: used when the data has the column
+            if spec[key] is None and default not in columns:
+                raise RecipeError(
+                    f"{where}: dataset {name!r} has no {default!r} column (TRL's name), so set {key} to the column "
+                    f"that holds it{f'; columns: {sorted(columns)}' if columns else ''}"
+                )
+
+
+def _local_columns(path: str) -> set[str]:
+    """The columns of a local JSON Lines / JSON / CSV file, from its first record (empty when unknown)."""
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as f:
+            if path.endswith(".csv"):
+                return set(next(csv.reader(f), []))
+            first = f.readline().strip()
+            record = json.loads(first) if path.endswith(".jsonl") else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return set()
+    return set(record) if isinstance(record, dict) else set()
+
+
+def check_sampling_metric(values: dict, rewards: RewardArguments, where: str) -> None:
+    """``dynamic_sampling_metric`` is ``reward`` or names one of the rewards."""
+    reward_names = [reward_name(n) for n in rewards.reward_funcs]
+    metric = values.get("dynamic_sampling_metric", "reward")
+    if metric != "reward" and metric not in reward_names:
+        raise RecipeError(
+            f"{where}: dynamic_sampling_metric {metric!r} is neither 'reward' nor one of the "
+            f"reward_funcs {reward_names}"
+        )
+
+
+def check_reward_weights(values: dict, rewards: RewardArguments, where: str) -> None:
+    """``reward_weights`` has one weight per reward."""
+    weights = values.get("reward_weights")
+    if weights is not None and len(weights) != len(rewards.reward_funcs):
+        raise RecipeError(
+            f"{where}: reward_weights has {len(weights)} entries but reward_funcs has "
+            f"{len(rewards.reward_funcs)}; give one weight per reward"
+        )
+
+
+def check_lora_keys(values: dict, in_file: set[str], on_command_line: set[str], where: str) -> None:
+    """LoRA keys do nothing without use_peft: true. ``--use_peft false`` on the command line turns a LoRA recipe into
+    full fine-tuning, so only LoRA keys from the same place as (or a later place than) use_peft: false are refused."""
+    if values.get("use_peft", False):
+        return
+    ignored = on_command_line if "use_peft" in on_command_line else in_file | on_command_line
+    lora = [key for key in LORA_KEYS if key in ignored]
+    if lora:
+        state = "use_peft: false" if "use_peft" in values else "use_peft is false (the default)"
+        raise RecipeError(
+            f"{where}: {lora[0]} is set but {state}, so the LoRA settings {lora} would be ignored; set use_peft: true "
+            "to train a LoRA adapter, or remove them for full fine-tuning"
+        )
+
+
+def check_intervals(values: dict, where: str) -> None:
+    """A ``*_strategy: steps`` needs a positive interval (``0`` makes transformers divide by zero mid-run)."""
+    for key, strategy_key in INTERVALS.items():
+        strategy = values.get(strategy_key, default_of(strategy_key))
+        value = values.get(key, default_of(key))
+        if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and value <= 0:
+            raise RecipeError(
+                f"{where}: {key} must be > 0 with {strategy_key}: steps, got {value!r}; set {key} to a number of "
+                f"steps (or a fraction of the run below 1), or set {strategy_key}: 'no'"
+            )
+
+
+def _known_train_rows(data: DataArguments) -> tuple[int, str] | None:
+    """(at most how many training rows there are, which key says so), when the recipe alone tells."""
+    bounds = []
+    if data.resolved()["name"] == "arithmetic":
+        bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
+    if data.max_train_samples is not None:
+        bounds.append((data.max_train_samples, "max_train_samples"))
+    return min(bounds) if bounds else None
+
+
+def check_steps(values: dict, plan: BatchPlan, data: DataArguments, where: str) -> None:
+    """A run that would make no optimizer step (it would exit 0 having trained nothing) is an error."""
+    max_steps = values.get("max_steps", default_of("max_steps"))
+    epochs = values.get("num_train_epochs", default_of("num_train_epochs"))
+    if max_steps == 0 or (max_steps < 0 and epochs <= 0):
+        raise RecipeError(
+            f"{where}: max_steps {max_steps} with num_train_epochs {epochs} makes 0 optimizer steps; set max_steps "
+            "to a positive number of steps, or num_train_epochs > 0"
+        )
+    known = _known_train_rows(data)
+    if known is not None and plan.prompts_per_generation > known[0]:
+        rows, key = known
+        raise RecipeError(
+            f"{where}: per_device_train_batch_size {plan.per_device_train_batch_size}: one generation needs "
+            f"{plan.prompts_per_generation} prompts ({plan.completions_per_generation} completions / num_generations "
+            f"{plan.num_generations}) but the training data has at most {rows} rows ({key}), so the run would make 0 "
+            "optimizer steps; lower per_device_train_batch_size (or steps_per_generation), or use more data"
+        )
+
+
+def check_generation_section(generation: GenerationArguments, model: ModelArguments, values: dict, where: str) -> None:
+    """The generation section fits the model (LoRA rank, adapters vLLM can load) and the training keys."""
+    problems = check_generation(generation, model.use_peft, model.lora_r, set(values))
+    if generation.backend == "vllm_server" and generation.sync_mode(model.use_peft) == "lora":
+        # what vLLM's adapter loader refuses (hf_grpo.vllm_standin.lora.unsupported_lora_features): caught here,
+        # not at the first weight sync after the model has loaded
+        if model.use_dora:
+            problems.append("use_dora: true: vLLM cannot hot-load DoRA adapters; set use_dora: false")
+        if model.lora_modules_to_save:
+            problems.append(
+                f"lora_modules_to_save: {model.lora_modules_to_save}: vLLM loads adapters only with "
+                "modules_to_save None; remove it, or use generation.weight_sync: full"
+            )
+    if problems:
+        raise RecipeError(f"{where}: " + "; ".join(problems))
+
+
+def check_precision(model: ModelArguments, layout: Layout, where: str) -> None:
+    """Full fine-tuning of half-precision weights needs fp32 master weights, which only DeepSpeed keeps (why: see
+    docs/recipes.md, "Precision"); PEFT creates LoRA adapters in fp32, so a LoRA recipe may load a bf16 base."""
+    if model.use_peft or model.dtype not in HALF_DTYPES or layout.distributed_type == "DEEPSPEED":
+        return
+    raise RecipeError(
+        f"{where}: dtype: {model.dtype} with use_peft: false trains {model.dtype} weights without fp32 master "
+        f"weights (only DeepSpeed keeps them), so updates smaller than the weights' rounding step are lost; set "
+        f"dtype: float32 and keep bf16: true (mixed precision: bf16 compute, fp32 weights and optimizer), or use a "
+        "DeepSpeed accelerate_config"
+    )

@@ -1,0 +1,78 @@
+"""What ``--dry-run`` prints: the resolved values with where each came from, model, data, rewards, layout,
+generation, batch arithmetic, the commands a run would start, the miniature's swaps and what this machine lacks."""
+
+from __future__ import annotations
+
+from ..data.loaders import TRL_COLUMNS
+from ..generation.layout import training_gpus
+from .schema import NESTED, SECTIONS, Recipe, default_of, field_index
+
+
+def _generation_lines(recipe: Recipe) -> list[str]:
+    gen = recipe.generation
+    if gen.backend is None:
+        # from the recipe's values: a dry run checks the training config with vLLM switched off
+        use_vllm = recipe.values.get("use_vllm", default_of("use_vllm"))
+        mode = recipe.values.get("vllm_mode", default_of("vllm_mode"))
+        engine = f"TRL vLLM ({mode})" if use_vllm else "transformers, in the training processes"
+        if use_vllm and "vllm_mode" not in recipe.values:  # TRL 0.x recipes (open-r1's) meant a server
+            engine += "; TRL 1.x's default mode (TRL 0.18 defaulted to server): set vllm_mode, or generation.backend"
+        return [f"generation: {engine}"]
+    if gen.backend != "vllm_server":
+        return [f"generation: {gen.backend}"]
+    where = f"started on GPUs {gen.server_gpus()}" if gen.starts_server() else "already running"
+    lines = [f"generation: vLLM server at {gen.url} ({where}), weight sync: {gen.sync_mode(recipe.model.use_peft)}"]
+    if gen.starts_server():
+        lines.append(f"training GPUs: {training_gpus(gen, recipe.layout.num_processes)}")
+    return lines
+
+
+def _value_lines(recipe: Recipe) -> list[str]:
+    """The explicit values by section, each with where it came from."""
+    out = []
+    by_section: dict[str, dict] = {}
+    index = field_index()
+    for key, value in recipe.values.items():
+        by_section.setdefault(index[key][0] if key in index else key, {})[key] = value
+    for section in [*SECTIONS, *NESTED]:
+        if section in by_section:
+            out.append(f"  {section}:")
+            for key, value in sorted(by_section[section].items()):
+                source = recipe.sources.get(key)
+                out.append(f"    {key}: {value!r}" + (f"  # {source}" if source else ""))
+    return out
+
+
+def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
+    """What ``--dry-run`` prints: resolved recipe, layout, batch arithmetic and the commands a run would start."""
+    spec, model = recipe.data.resolved(), recipe.model
+    lora = f" + LoRA r={model.lora_r} alpha={model.lora_alpha} on {model.lora_target_modules}"
+    out = [
+        f"recipe: {recipe.path}",
+        "",
+        "resolved values, each with where it came from (every key not listed has its TRL / hf_grpo default):",
+        *_value_lines(recipe),
+        "",
+        f"model: {model.model_name_or_path}" + (lora if model.use_peft else " (full fine-tuning)"),
+        (
+            f"data: {spec['name']} (task {spec['task']}, "
+            f"problem column {spec['prompt_column'] or TRL_COLUMNS['prompt_column'] + ' (TRL default)'!r}, "
+            f"gold column {spec['solution_column'] or TRL_COLUMNS['solution_column'] + ' (TRL default)'!r})"
+        ),
+        f"rewards: {recipe.rewards.reward_funcs} weights {recipe.training.reward_weights or 'all 1.0'}",
+        "",
+        f"layout: {recipe.layout.describe()}",
+        *_generation_lines(recipe),
+        "",
+        f"batch arithmetic ({recipe.plan.num_processes} training processes):",
+        recipe.plan.describe(),
+        "",
+        "commands:",
+        *[f"  {c}" for c in commands],
+    ]
+    if recipe.miniature is not None:
+        out += ["", *recipe.miniature.describe()]
+    if recipe.hardware:
+        out += ["", "this machine cannot run it as written (a real run exits with code 2):"]
+        out += [f"  - {problem}" for problem in recipe.hardware]
+    return "\n".join(out)

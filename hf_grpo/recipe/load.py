@@ -1,0 +1,221 @@
+"""``load_recipe``: a command line to a validated ``Recipe``, as a list of named steps (read the file, check each
+value, apply the overrides, swap in the miniature, build the argument dataclasses, check them together)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import miniature as miniatures
+from ..config import HfGRPOConfig, ModelArguments
+from ..data.loaders import DataArguments
+from ..generation.layout import GenerationArguments, trl_fields
+from ..launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
+from ..miniature import Miniature
+from ..miniature.assets import ensure_assets
+from ..rewards import RewardArguments
+from . import checks, checks_env
+from .command_line import apply_overrides, split_argv
+from .plan import batch_plan
+from .schema import NESTED, SECTIONS, BatchPlan, Recipe, RecipeError, field_index, key_defaults, section_values
+from .values import check_known_keys, check_nested, check_value
+from .yaml12 import read_yaml
+
+
+DEFAULT_RECIPE = "tiny.yaml"
+
+
+def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]]:
+    """Parse ``argv`` into a validated Recipe and the flags given (``dry_run``, ``help``).
+
+    ``for_run=False`` (dry runs) builds the training config with hardware-bound settings neutralised, so a GPU
+    recipe can be checked on a laptop; the batch arithmetic always uses the recipe's own process layout.
+    """
+    path_arg, overrides, flags = split_argv(argv)
+    path, from_file = _recipe_path(path_arg, overrides)
+    data = read_yaml(path)
+    env = checks.check_env(data.pop("env", {}) or {}, str(path))
+    values, nested = _checked_values(data, overrides, str(path))
+    sources = _sources(values, nested, overrides, from_file)
+    where = (
+        f"{path} (with {' '.join(f'--{key}' for key in overrides)} from the command line)" if overrides else str(path)
+    )
+    _check_keys_together(values, set(data), set(overrides), sources, where)
+    miniature = None
+    if "miniature" in flags:
+        values, miniature = _swap_in_miniature(values, nested, set(overrides), sources, where)
+        where = f"{where} (miniature)"
+    built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
+    checks.check_files(values, where, built_later)
+    launch = _build("launch", values, where)
+    layout = _layout(launch, path.parent, miniature, where)
+    plan = batch_plan(values, layout.num_processes, where)
+    model = _build_model(values, where)
+    data_args, rewards = _build("data", values, where), _build("rewards", values, where)
+    _check_built(values, env, miniature, plan, model, data_args, rewards, built_later, where)
+    generation = GenerationArguments(**nested["generation"])
+    checks.check_generation_section(generation, model, values, where)
+    checks.check_precision(model, layout, where)
+    hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run, where)
+    training = _training_config(values, plan, generation, model.use_peft, layout, for_run, where)
+    if nested["generation"]:
+        values["generation"] = nested["generation"]
+    recipe = Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, generation, env)
+    recipe.hardware, recipe.sources = hardware, sources
+    if miniature is not None:
+        recipe.miniature, recipe.env = miniature, {**miniature.env, **env}
+        if for_run and miniature.assets is not None:
+            ensure_assets(miniature.assets)
+    return recipe, flags
+
+
+def default_recipe_path() -> Path:
+    return shipped_dir("recipes") / DEFAULT_RECIPE
+
+
+def _recipe_path(path_arg: str | None, overrides: dict) -> tuple[Path, str]:
+    """(recipe file, how ``--dry-run`` names where its values came from); the embedded tiny recipe without one."""
+    model_override = overrides.get("model_name_or_path")
+    if not path_arg and model_override not in (None, "tiny"):
+        raise RecipeError(
+            f"--model_name_or_path {model_override} without a recipe would take the embedded tiny recipe's learning "
+            "rate, lengths, batch and LoRA: start from a recipe in recipes/ (e.g. `python -m hf_grpo.train "
+            f"recipes/qwen7b.yaml --model_name_or_path {model_override}`) or write your own"
+        )
+    if path_arg:
+        return Path(path_arg), str(Path(path_arg))
+    return default_recipe_path(), f"tiny default ({DEFAULT_RECIPE}, no recipe given)"
+
+
+def _checked_values(data: dict, overrides: dict, where: str) -> tuple[dict[str, Any], dict[str, dict]]:
+    """(flat values, nested sections) of the file and the command line, each key known and each value checked."""
+    index = field_index()
+    values: dict[str, Any] = {}
+    nested: dict[str, dict] = {section: {} for section in NESTED}
+    check_known_keys([k for k in data if k not in NESTED], index, where)
+    check_known_keys([k for k in overrides if k.partition(".")[0] not in NESTED], index, "command line")
+    for key, value in data.items():
+        if key in NESTED:
+            if not isinstance(value, dict):
+                raise RecipeError(f"{where}: {key} must be a mapping of key: value")
+            nested[key] = {k: check_nested(key, k, v, where) for k, v in value.items()}
+            continue
+        _, f, hint = index[key]
+        values[key] = check_value(key, value, hint, f, where)
+    apply_overrides(overrides, values, nested)
+    return values, nested
+
+
+def _sources(values: dict, nested: dict, overrides: dict, from_file: str) -> dict[str, str]:
+    """Where each value came from: the recipe file or the command line."""
+    sources = {key: "command line" if key in overrides else from_file for key in values}
+    sources.update({key: from_file for key in NESTED if nested[key]})
+    sources.update({key: "command line" for key in overrides if key.partition(".")[0] in NESTED})
+    return sources
+
+
+def _check_keys_together(values: dict, in_file: set, on_command_line: set, sources: dict, where: str) -> None:
+    """The checks that span several values, then the task the rewards imply (before a miniature mirrors the data in
+    the task's answer format)."""
+    checks.check_lora_keys(values, in_file, on_command_line, where)
+    checks.check_intervals(values, where)
+    checks_env.check_report_to(values, where)
+    reward_funcs = _build("rewards", values, where).reward_funcs
+    inferred = checks.infer_task(_build("data", values, where), reward_funcs)
+    if inferred is not None:
+        values["task"] = inferred
+        sources["task"] = f"inferred from reward_funcs ({', '.join(reward_funcs)})"
+
+
+def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, dict, Miniature]:
+    """``hf_grpo.miniature.miniaturize`` given what it reads of the recipe: every key's default, the data section
+    and the reward names."""
+    data = DataArguments(**section_values(values, "data"))
+    reward_funcs = section_values(values, "rewards").get("reward_funcs") or RewardArguments().reward_funcs
+    return miniatures.miniaturize(values, generation, fixed, key_defaults(), data, reward_funcs)
+
+
+def _swap_in_miniature(values: dict, nested: dict, fixed: set, sources: dict, where: str) -> tuple[dict, Miniature]:
+    """The recipe's miniature (``--miniature``): new values and generation section, and what was swapped."""
+    try:
+        values, nested["generation"], miniature = miniaturize(values, nested["generation"], fixed)
+    except ValueError as exc:
+        raise RecipeError(f"{where}: --miniature: {exc}") from None
+    sources.update({swap.key: "--miniature" for swap in miniature.swaps})
+    return values, miniature
+
+
+def _build(section: str, values: dict, where: str):
+    cls, kwargs = SECTIONS[section], section_values(values, section)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+
+
+def _build_model(values: dict, where: str) -> ModelArguments:
+    model = _build("model", values, where)
+    targets = values.get("lora_target_modules")
+    if isinstance(targets, list):  # trl.ModelConfig makes ["q_proj"] the regex "q_proj", which PEFT matches against
+        # full names only; PEFT's "all-linear" works only as a string
+        model.lora_target_modules = "all-linear" if targets == ["all-linear"] else list(targets)
+    return model
+
+
+def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None, where: str) -> Layout:
+    """The process layout (accelerate config), with a miniature's CPU mixed precision."""
+    try:
+        layout = resolve_layout(launch, base_dir)
+    except FileNotFoundError as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+    if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
+        layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
+    return layout
+
+
+def _check_built(values, env, miniature, plan, model, data_args, rewards, built_later, where: str) -> None:
+    """The checks that need the built sections: data, offline datasets, steps, LoRA targets, rewards, push."""
+    checks.check_data(data_args, where)
+    checks_env.check_offline(data_args, {**(miniature.env if miniature is not None else {}), **env}, where)
+    checks.check_steps(values, plan, data_args, where)
+    checks_env.check_lora_targets(model, values, where, built_later)
+    checks.check_sampling_metric(values, rewards, where)
+    if values.get("push_to_hub"):
+        checks_env.check_push(values, env, where)
+    checks.check_reward_weights(values, rewards, where)
+
+
+def _training_config(
+    values, plan: BatchPlan, generation, use_peft: bool, layout, for_run: bool, where
+) -> HfGRPOConfig:
+    """The training config. It trains only in the process that runs it: a dry run, or the launcher of several
+    processes (whose world size is not the run's), checks it with the planned batch and hardware-bound settings
+    neutralised."""
+    trains_here = for_run and (inside_launch() or layout.num_processes == 1)
+    training_values = section_values(values, "training") if trains_here else _validation_training_values(values, plan)
+    generated = trl_fields(generation, use_peft)
+    training_values.update(generated if trains_here else {k: v for k, v in generated.items() if k != "use_vllm"})
+    try:
+        return HfGRPOConfig(**training_values)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+
+
+def _validation_training_values(values: dict, plan: BatchPlan) -> dict:
+    """Training values with hardware-bound settings neutralised, to run TRL's checks on a machine of any kind.
+
+    TRL derives the generation batch from the current world size (1 here); the recipe's own layout is checked by
+    ``batch_plan``, so the copy gets the planned generation batch directly.
+    """
+    checked = section_values(values, "training")
+    checked.update(bf16=False, fp16=False, use_cpu=True, deepspeed=None, fsdp=None, use_vllm=False)
+    checked.update(generation_batch_size=plan.completions_per_generation, steps_per_generation=None)
+    checked.pop("fsdp_config", None)
+    return checked
+
+
+def apply_env(recipe: Recipe) -> None:
+    """Export the recipe's ``env`` section (and a miniature's variables) into this process."""
+    for key, value in recipe.env.items():
+        os.environ[key] = value

@@ -1,0 +1,240 @@
+"""Each key and value on its own: unknown keys refused all at once with their fix (``check_known_keys``), and each
+value type-checked and coerced against its field's type hint, choices and numeric domain (``check_value``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import math
+import re
+import types
+import typing
+from typing import Any
+
+from .schema import RecipeError, nested_index
+
+
+# String fields of TRL whose accepted values TRL only checks once the trainer is built.
+KNOWN_CHOICES = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "scale_rewards": ("group", "batch", "none", True, False),
+    "importance_sampling_level": ("token", "sequence"),
+    "vllm_mode": ("server", "colocate"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
+# Secrets never belong in a recipe file: they would be copied into checkpoints, logs and Hub model cards.
+SECRET_KEYS = {"hub_token"}
+
+# Numeric domains: key -> (low, low included, high, high included); None is unbounded. A key set to None is unset.
+AT_LEAST_1 = (1, True, None, False)
+POSITIVE = (0, False, None, False)
+NON_NEGATIVE = (0, True, None, False)
+DOMAINS = {
+    **dict.fromkeys(
+        (
+            "max_completion_length", "lora_r", "arithmetic_train_size", "arithmetic_eval_size", "num_processes",
+            "num_machines", "max_generation_batches", "num_iterations", "max_train_samples", "max_eval_samples",
+            "task_eval_max_samples", "eval_max_new_tokens", "keep_top_k", "tiny_hidden_size",
+            "per_device_eval_batch_size", "num_generations_eval", "generation_batch_size", "steps_per_generation",
+            "reward_workers", "vllm_tensor_parallel_size", "save_total_limit",
+        ),
+        AT_LEAST_1,
+    ),
+    **dict.fromkeys(
+        ("temperature", "lora_alpha", "reward_timeout", "repetition_penalty", "warm_start_lr", "save_steps"),
+        POSITIVE,
+    ),
+    **dict.fromkeys(
+        (
+            "learning_rate", "beta", "weight_decay", "max_grad_norm", "warmup_steps", "warm_start_steps",
+            "task_eval_steps", "epsilon", "epsilon_high", "seed", "data_seed", "dataloader_num_workers", "top_k",
+            "num_train_epochs", "reward_max_failed_calls", "logging_steps", "eval_steps", "adam_epsilon",
+        ),
+        NON_NEGATIVE,
+    ),
+    "lora_dropout": (0, True, 1, False),
+    "eval_split_size": (0, True, 1, False),
+    "top_p": (0, False, 1, True),
+    "min_p": (0, True, 1, True),
+    "vllm_gpu_memory_utilization": (0, False, 1, True),
+    "adam_beta1": (0, True, 1, False),
+    "adam_beta2": (0, True, 1, False),
+}  # fmt: skip
+
+
+def _inside(value: float, domain: tuple) -> bool:
+    low, low_in, high, high_in = domain
+    above = value >= low if low_in else value > low
+    return above and (high is None or (value <= high if high_in else value < high))
+
+
+def _describe_domain(domain: tuple) -> str:
+    low, low_in, high, high_in = domain
+    if high is None:
+        return f"{'>=' if low_in else '>'} {low}"
+    return f"in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_domain(key: str, value: Any, default: Any, where: str) -> None:
+    """Refuse a number outside the key's domain (NaN and infinities included), before anything is built."""
+    for number in value if isinstance(value, list) else [value]:
+        if isinstance(number, float) and not math.isfinite(number):
+            raise RecipeError(f"{where}: {key} must be a finite number, got {number!r}; write a number such as 1.0")
+    domain = DOMAINS.get(key)
+    if domain is None or not _is_number(value) or _inside(value, domain):
+        return
+    rule = _describe_domain(domain)
+    if _is_number(default) and _inside(default, domain):
+        fix = f"set {key}: {default!r} (its default) or another value {rule}"
+    else:
+        fix = f"set a value {rule}, or remove {key}"
+    raise RecipeError(f"{where}: {key} must be {rule}, got {value!r}; {fix}")
+
+
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def coerce(value: Any, hint: Any) -> tuple[bool, Any]:
+    """(matches, coerced value) of ``value`` against a type hint."""
+    if hint is Any:
+        return True, value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            ok, coerced = coerce(value, arg)
+            if ok:
+                return True, coerced
+        return False, value
+    if origin is typing.Literal:
+        return value in typing.get_args(hint), value
+    if hint is type(None):
+        return value is None, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, value
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):  # a quoted number such as "1e-6"
+            return True, float(value)
+        return False, value
+    if hint is str:
+        return isinstance(value, str), value
+    if origin in (list, tuple) or hint in (list, tuple):
+        (item_hint,) = typing.get_args(hint) or (Any,)
+        items = value if isinstance(value, list) else [value] if isinstance(value, str) else None
+        if items is None:
+            return False, value
+        checked = [coerce(item, item_hint) for item in items]
+        ok = all(item_ok for item_ok, _ in checked)
+        return (True, [c for _, c in checked]) if ok else (False, value)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict), value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return value in {m.value for m in hint}, value
+    return False, value
+
+
+def _type_name(hint: Any) -> str:
+    text = str(hint).replace("typing.", "").replace("NoneType", "None")
+    return re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+
+
+def _non_finite_text(text: str) -> bool:
+    """``nan``, ``inf``, ``-Infinity``...: what Python reads as a non-finite float (YAML 1.2 only as ``.nan``)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: str) -> Any:
+    """Type-check and coerce one value; RecipeError names the key, the value and the expected type."""
+    if key in SECRET_KEYS and value is not None:
+        raise RecipeError(f"{where}: {key} must not be set in a recipe; export HF_TOKEN in the environment instead")
+    ok, coerced = coerce(value, hint)
+    if not ok and isinstance(value, str) and coerce(1.0, hint)[0] and _non_finite_text(value):
+        raise RecipeError(f"{where}: {key} must be a finite number, got {value!r}; set a finite {key}")
+    if not ok:
+        hint_text = ""
+        if isinstance(value, bool) and coerce("x", hint)[0]:
+            hint_text = (
+                f" (YAML reads an unquoted yes/no/true/false as a boolean; write {key}: '{str(value).lower()}')"
+            )
+        raise RecipeError(
+            f"{where}: {key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__}){hint_text}"
+        )
+    enums = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)]
+    choices = f.metadata.get("choices") or KNOWN_CHOICES.get(key)
+    if enums and isinstance(coerced, str):  # `IntervalStrategy | str` accepts any string, TrainingArguments does not
+        choices = [m.value for m in enums[0]]
+    if choices is not None and coerced is not None and coerced not in choices:
+        raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {coerced!r}")
+    _check_domain(key, coerced, f.default, where)
+    return coerced
+
+
+def check_nested(section: str, key: str, value: Any, where: str) -> Any:
+    """``check_value`` for ``section.key`` of a nested section (``generation.backend``)."""
+    known = nested_index(section)
+    if not isinstance(key, str):
+        raise RecipeError(f"{where}: key {key!r} in {section} is not a name; see `python -m hf_grpo.train --help`")
+    if key not in known:
+        raise RecipeError(f"{where}: unknown key {section}.{key}{did_you_mean(key, known)}")
+    f, hint = known[key]
+    return check_value(f"{section}.{key}", value, hint, f, where)
+
+
+# Keys of TRL, transformers or open-r1 recipes that were renamed or removed: the exact replacement comes first.
+RENAMED = {
+    "torch_dtype": "renamed dtype (transformers 5, TRL's ModelConfig): use dtype",
+    "warmup_ratio": "removed in transformers 5: use warmup_steps with a float in [0, 1), the fraction of all steps",
+    "overwrite_output_dir": "removed in transformers 5: a run writes into output_dir as it is; to continue a run use "
+    "resume_from_checkpoint: auto, to start over a new output_dir",
+    "max_prompt_length": "removed from TRL's GRPOConfig (1.x): prompts are used whole; drop the key, and bound "
+    "prompt + completion with generation.max_model_len for a vLLM server",
+    "evaluation_strategy": "renamed eval_strategy (transformers)",
+    "per_gpu_train_batch_size": "renamed per_device_train_batch_size (transformers)",
+    "dataset_prompt_column": "open-r1's name: use prompt_column (and solution_column for the gold answer)",
+    "dataset_configs": "open-r1's list of dataset configs: use dataset_config with one config name",
+    "vllm_device": "removed from TRL (GRPOConfig 0.16): vllm_mode: colocate puts vLLM on every training GPU; for "
+    "vLLM on GPUs of its own use generation: {backend: vllm_server, gpus: [N]}",
+    "wandb_project": "open-r1's key: use project (transformers 5), or WANDB_PROJECT in the environment",
+    "wandb_entity": "open-r1's key: set WANDB_ENTITY in the environment",
+    "wandb_run_group": "open-r1's key: set WANDB_RUN_GROUP in the environment",
+    "callbacks": "open-r1's push_to_hub_revision callback: with push_to_hub: true hf_grpo pushes the adapter and its "
+    "model card once training ends (python -m hf_grpo.hub pushes a run later)",
+    "benchmarks": "open-r1's lighteval benchmarks: held-out accuracy is measured in the run (eval_dataset_name, "
+    "task_eval_steps); python -m hf_grpo.evaluate scores a saved run",
+    "use_liger_loss": "renamed use_liger_kernel (TRL)",
+    "chat_template": "not a recipe key here: the tokenizer's own chat template is used (prompt_style: plain or "
+    "r1_zero for a prompt without one)",
+}
+
+
+def check_known_keys(keys: list, index: dict, where: str) -> None:
+    """Every unknown key at once, each with its replacement: a TRL or open-r1 recipe is fixed in one pass, not one
+    refusal per key."""
+    unknown = [k for k in keys if k not in index]
+    if not unknown:
+        return
+    named = [f"--{k}" if where == "command line" else repr(k) for k in unknown]
+    if len(unknown) == 1:
+        what = "option" if where == "command line" else "key"
+        raise RecipeError(f"{where}: unknown {what} {named[0]}{did_you_mean(unknown[0], index)}")
+    items = " | ".join(f"{n}{did_you_mean(k, index)}" for n, k in zip(named, unknown, strict=True))
+    raise RecipeError(f"{where}: {len(unknown)} unknown keys, each with its fix: {items}")
+
+
+def did_you_mean(key: str, known) -> str:
+    if key in RENAMED:
+        return f": {RENAMED[key]}"
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else "; see `python -m hf_grpo.train --help` for every key"

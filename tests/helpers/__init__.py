@@ -1,0 +1,1 @@
+"""Helpers the tests share: the fault-injecting vLLM stand-in server, reference decoding."""

@@ -1,0 +1,63 @@
+"""Run under ``accelerate launch`` (2 CPU processes, gloo): dynamic sampling with a scripted reward, then every
+process reports its digest of the global keep decisions and a checksum of its parameters; rank 0 writes them to
+the JSON file given as the first argument.
+
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m tests.scripts.distributed_check out.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+from accelerate.utils import gather_object
+
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.trainer import GRPOTrainer
+from tests.helpers.common import tiny_config, tiny_lora
+from tests.helpers.reward_scripts import half_varying
+
+
+def main(out: str) -> None:
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=64)
+    warm_start(model, tokenizer, steps=40)
+    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=256, arithmetic_eval_size=8))
+    args = tiny_config(
+        "/tmp/hf_grpo_distributed_check",
+        per_device_train_batch_size=8,
+        max_completion_length=10,
+        max_steps=4,
+        dynamic_sampling=True,
+        max_generation_batches=6,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=half_varying,
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=tiny_lora(),
+    )
+    trainer.train()
+    params = hashlib.sha256()
+    for name, p in sorted(trainer.model.named_parameters()):
+        if p.requires_grad:
+            params.update(name.encode() + p.detach().cpu().double().numpy().tobytes())
+    report = {
+        "rank": trainer.accelerator.process_index,
+        "world_size": trainer.accelerator.num_processes,
+        "keep_digest": trainer._keep_digest.hexdigest(),
+        "params": params.hexdigest(),
+        "rounds": [r["dynamic_sampling/rounds"] for r in trainer.state.log_history if "dynamic_sampling/rounds" in r],
+    }
+    reports = gather_object([report])
+    if trainer.accelerator.is_main_process:
+        with open(out, "w") as f:
+            json.dump(reports, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
