@@ -17,6 +17,7 @@ import yaml
 from .card import write_local_card
 from .checkpoints import CheckpointError, resolve_resume
 from .data import load_grpo_datasets
+from .data.lengths import fit_prompts, prompt_budget
 from .data.loaders import eval_grader, is_local_file, source_splits
 from .evaluation.report import write_report
 from .evaluation.stats import gain_from_run
@@ -153,6 +154,7 @@ def build_trainer(recipe: Recipe):
     except (ValueError, FileNotFoundError) as exc:
         raise RecipeError(f"{recipe.path}: data: {exc}") from None
     model, tokenizer = load_policy(recipe)
+    train_dataset, eval_dataset = fit_to_context(recipe, model, tokenizer, train_dataset, eval_dataset)
     evaluator = None
     if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout
         grader = eval_grader(recipe.data)
@@ -177,6 +179,24 @@ def build_trainer(recipe: Recipe):
     return trainer, evaluator, history
 
 
+def fit_to_context(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset):
+    """The datasets with every prompt short enough to leave ``max_completion_length`` tokens in the context
+    (``generation.max_model_len``, else the model's ``max_position_embeddings``): ``data.long_prompts`` says whether
+    a longer one is dropped or cut, and how many were is logged."""
+    context = recipe.generation.max_model_len or getattr(model.config, "max_position_embeddings", None)
+    try:
+        budget = prompt_budget(context, recipe.training.max_completion_length)
+    except ValueError as exc:
+        raise RecipeError(f"{recipe.path}: {exc}") from None
+    if budget is None:
+        return train_dataset, eval_dataset
+    mode, progress = recipe.data.long_prompts, enabled_for(recipe.training)
+    train_dataset = fit_prompts(train_dataset, tokenizer, budget, mode, "training data", progress)[0]
+    if eval_dataset is not None:
+        eval_dataset = fit_prompts(eval_dataset, tokenizer, budget, mode, "held-out data", progress)[0]
+    return train_dataset, eval_dataset
+
+
 def _server_generator(recipe: Recipe):
     """The generator that syncs LoRA adapters to a vLLM server (``vllm_server`` with ``lora`` sync), else None."""
     args, gen = recipe.training, recipe.generation
@@ -193,6 +213,7 @@ def _server_generator(recipe: Recipe):
         args.seed if gen.seed is None else gen.seed,  # reproducible sampling; layout.py documents this default
         # the server command our launcher starts sets processed_logprobs; a server the user started is checked
         check_logprobs=gen.base_url is not None and os.environ.get(SERVER_STARTED_ENV) != "1",
+        restart_wait=gen.restart_wait,
     )
 
 

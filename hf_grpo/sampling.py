@@ -91,7 +91,9 @@ def collate_groups(groups: list[Group], pad_token_id: int, token_level_keys: tup
 
 @dataclass
 class GroupPool:
-    """Kept groups waiting to be trained on, oldest first. ``carried`` counts those that came from earlier steps."""
+    """Kept groups waiting to be trained on, oldest first. After each step the trainer trims it to one step's worth
+    (``trim``), so a carried group is trained on in the next step and never waits longer, however many rounds other
+    processes needed."""
 
     groups: list[Group] = field(default_factory=list)
 
@@ -105,6 +107,12 @@ class GroupPool:
         """The ``n`` oldest groups (fewer if the pool is smaller), removed from the pool."""
         taken, self.groups = self.groups[:n], self.groups[n:]
         return taken
+
+    def trim(self, limit: int) -> int:
+        """Drop the newest groups beyond ``limit``; returns how many were dropped."""
+        dropped = max(len(self.groups) - limit, 0)
+        del self.groups[limit:]
+        return dropped
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Flat ``{"<index>.<key>": tensor}`` for safetensors."""

@@ -411,19 +411,10 @@ class GRPOTrainer(trl.GRPOTrainer):
                 inputs = self._next_round_inputs(needed)
 
         batch_groups, filled = assemble_batch(self._pool, dropped, needed)
-        exhausted = int(self.accelerator.gather(torch.tensor([filled], device=self.accelerator.device)).max())
-        if exhausted:
-            zero_std = 1 - kept_groups / generated_groups
-            message = (
-                f"dynamic sampling: after max_generation_batches={self.args.max_generation_batches} rounds a process "
-                f"still lacked {exhausted} of {needed} groups with varying rewards ({zero_std:.0%} of generated groups "
-                "had all-equal rewards); the prompts are too easy or too hard for the policy"
-            )
-            if self.args.dynamic_sampling_exhausted == "error":
-                raise RuntimeError(message + ". Raise max_generation_batches or set dynamic_sampling_exhausted: fill.")
-            logger.warning(
-                "%s; filled the batch with zero-advantage groups (step %d)", message, self.state.global_step
-            )
+        # Rounds run until the process with the fewest kept groups has enough; the others keep at most one step's
+        # worth, or their surplus would grow without bound and wait ever longer (sampling.GroupPool).
+        surplus = self._pool.trim(needed)
+        exhausted = self._check_exhausted(filled, needed, kept_groups / generated_groups)
 
         if "old_per_token_logps" not in output:  # TRL did not need them; carried groups do (see module docstring)
             missing = [g for g in self._pool.groups if "old_per_token_logps" not in g]
@@ -444,8 +435,25 @@ class GRPOTrainer(trl.GRPOTrainer):
         )
         self.record_metric("dynamic_sampling/carried_in", carried)
         self.record_metric("dynamic_sampling/carry_out", len(self._pool))
+        self.record_metric("dynamic_sampling/surplus_dropped", surplus)
         self.record_metric("dynamic_sampling/exhausted", float(exhausted > 0))
         return batch
+
+    def _check_exhausted(self, filled: int, needed: int, kept_fraction: float) -> int:
+        """The most groups any process had to fill after the last round; an error or a warning when any did."""
+        exhausted = int(self.accelerator.gather(torch.tensor([filled], device=self.accelerator.device)).max())
+        if exhausted:
+            message = (
+                f"dynamic sampling: after max_generation_batches={self.args.max_generation_batches} rounds a process "
+                f"still lacked {exhausted} of {needed} groups with varying rewards ({1 - kept_fraction:.0%} of "
+                "generated groups had all-equal rewards); the prompts are too easy or too hard for the policy"
+            )
+            if self.args.dynamic_sampling_exhausted == "error":
+                raise RuntimeError(message + ". Raise max_generation_batches or set dynamic_sampling_exhausted: fill.")
+            logger.warning(
+                "%s; filled the batch with zero-advantage groups (step %d)", message, self.state.global_step
+            )
+        return exhausted
 
     # ----------------------------------------------------------------------------------------------------------------
     # Checkpointing of the sampling state

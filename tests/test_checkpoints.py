@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -215,6 +216,38 @@ def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"]
     assert json.loads((tmp_path / SCORES_FILE).read_text()) == {"checkpoint-6": 0.75}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_checkpoint_scores_are_replaced_whole_never_rewritten_in_place(tmp_path, monkeypatch):
+    """Issue 23 #7: rank 0 rewrote ``checkpoint_scores.json`` in place (``open(path, "w")``) while other ranks read
+    it. Now only rank 0 touches it (``_save_checkpoint`` calls ``keep_best`` under ``should_save``) and it writes a
+    temporary file that ``os.replace`` puts in place, so a reader sees the old ranking or the new one, never half."""
+    import builtins
+    import io
+
+    from hf_grpo.checkpoints import SCORES_FILE, keep_best
+
+    opened_for_writing, replaced = [], []
+    real_open, real_io_open, real_replace = builtins.open, io.open, os.replace
+
+    def spy(opener):
+        def open_(file, mode="r", *args, **kwargs):
+            if any(m in mode for m in "wax+"):
+                opened_for_writing.append(Path(file).name)
+            return opener(file, mode, *args, **kwargs)
+
+        return open_
+
+    monkeypatch.setattr(builtins, "open", spy(real_open))
+    monkeypatch.setattr(io, "open", spy(real_io_open))
+    monkeypatch.setattr(
+        os, "replace", lambda a, b: (replaced.append((Path(a).name, Path(b).name)), real_replace(a, b))
+    )
+    for step, score in ((2, 0.5), (4, 0.75)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        keep_best(tmp_path, f"checkpoint-{step}", score, keep=1)
+    assert SCORES_FILE not in opened_for_writing and opened_for_writing, opened_for_writing
+    assert replaced == [(name, SCORES_FILE) for name in opened_for_writing]
 
 
 def test_a_checkpoint_path_with_a_tilde_is_expanded(run_dir, monkeypatch):

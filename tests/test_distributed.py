@@ -116,3 +116,17 @@ def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
     assert json.loads((out / "checkpoint_scores.json").read_text()) == {"checkpoint-1": 1.0}
     files = {p.name for p in (out / "checkpoint-1").iterdir()}
     assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= files, files
+
+
+def test_carried_groups_stay_within_one_step_when_one_process_never_keeps_any(tmp_path):
+    """Issue 23 #2: the rounds run until the process with the fewest kept groups has enough, so a process that keeps
+    everything carried its surplus from step to step (4, 8, 12 groups here). Now each process carries at most one
+    step's worth (2 groups) and trains on nothing generated more than one step earlier."""
+    out = tmp_path / "ranks.json"
+    result = launch_cpu_module("tests.scripts.carry_bound_check", out)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rank0, rank1 = json.loads(out.read_text())
+    assert len(rank0["pool_sizes"]) == 4, rank0
+    assert max(rank0["pool_sizes"]) <= 2 and max(rank1["pool_sizes"]) == 0, (rank0, rank1)
+    assert rank0["ages"] and max(rank0["ages"]) <= 1, rank0["ages"]
+    assert 1 in rank0["ages"], "rank 0 should have trained on groups carried from the step before"

@@ -133,3 +133,33 @@ def test_leave_one_out_with_nan_and_scaling():
 
 def test_doctests():
     assert doctest.testmod(sampling).failed == 0
+
+
+def test_trimmed_pools_stay_within_one_step_on_sixteen_processes():
+    """Issue 23 #2, as the issue simulated it: 16 processes needing 2 groups each, keep rate 0.5, rounds until the
+    process with the fewest kept groups has enough (at most 8). Untrimmed, the pools grew to about 100 groups with
+    waits of dozens of steps; trimmed after each step, no pool holds more than one step's worth and no group waits
+    more than one step."""
+    gen = torch.Generator().manual_seed(0)
+    processes, needed, per_round, max_rounds = 16, 2, 2, 8
+    pools = [GroupPool() for _ in range(processes)]
+    untrimmed = [GroupPool() for _ in range(processes)]
+    longest_wait, largest_pool, largest_untrimmed = 0, 0, 0
+    for step in range(1000):
+        for these, trim in ((pools, True), (untrimmed, False)):
+            for _ in range(max_rounds):
+                for pool in these:
+                    kept = torch.rand(per_round, generator=gen) < 0.5
+                    pool.add([{"born": torch.tensor(step)} for k in kept if k])
+                if min(len(p) for p in these) >= needed:
+                    break
+            for pool in these:
+                groups, _ = assemble_batch(pool, [{"born": torch.tensor(step)}] * needed, needed)
+                if trim:
+                    longest_wait = max([longest_wait] + [step - int(g["born"]) for g in groups])
+                    pool.trim(needed)
+                    largest_pool = max(largest_pool, len(pool))
+                else:
+                    largest_untrimmed = max(largest_untrimmed, len(pool))
+    assert largest_pool <= needed and longest_wait <= 1
+    assert largest_untrimmed > 10 * needed  # what the trim prevents

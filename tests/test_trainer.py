@@ -288,3 +288,35 @@ def test_resume_continues_exactly(tiny, tmp_path):
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
     assert straight._stream.state() == second._stream.state()
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_the_task_evaluator_follows_ds3_gather_for_generation(tmp_path, monkeypatch, gather):
+    """Issue 23 #8: TRL generates without gathering ZeRO-3 shards when ``ds3_gather_for_generation: false`` (a model
+    too large to gather on one GPU); the held-out evaluation gathered them anyway."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import trl.models
+    from datasets import Dataset
+
+    from hf_grpo.evaluation import core
+    from hf_grpo.evaluation.tasks import TaskEvaluator
+
+    seen = []
+
+    @contextlib.contextmanager
+    def unwrap(model, accelerator, gather_deepspeed3_params=True, **kwargs):
+        seen.append(gather_deepspeed3_params)
+        yield model
+
+    monkeypatch.setattr(trl.models, "unwrap_model_for_generation", unwrap)
+    monkeypatch.setattr(core, "generate", lambda model, tokenizer, prompts, *a, **k: [["#### 4"] for _ in prompts])
+    args = tiny_config(tmp_path, ds3_gather_for_generation=gather)
+    evaluator = TaskEvaluator(Dataset.from_dict({"prompt": ["2 + 2?"], "solution": ["#### 4"]}), "gsm8k", args)
+    trainer = SimpleNamespace(model_wrapped=torch.nn.Linear(1, 1), accelerator=None, args=args, reward_funcs=[])
+    try:
+        result = evaluator.run(trainer.model_wrapped, None, label="periodic", trainer=trainer)
+    finally:
+        evaluator.close()
+    assert seen == [gather] and result["accuracy"] == 1.0

@@ -52,6 +52,7 @@ R1_ZERO_TEMPLATE = (
     "answer inside <answer> </answer> tags.\nUser: {question}\nAssistant: <think>"
 )
 PROMPT_STYLES = ("chat", "plain", "r1_zero")
+LONG_PROMPTS = ("drop", "truncate_left")  # hf_grpo.data.lengths
 
 
 @dataclass
@@ -82,6 +83,10 @@ class DataArguments(ScriptArguments):
             `math500` when training on `math`.
         eval_split_size (`float`, defaults to `0.0`):
             Fraction of the train split held out for evaluation when the dataset has no test split.
+        long_prompts (`str`, defaults to `"drop"`):
+            What to do with a prompt too long to leave `max_completion_length` tokens in the context
+            (`generation.max_model_len`, else the model's `max_position_embeddings`): `drop` its row or `truncate_left`
+            (cut its start: a chat prompt loses the start of its last message). Counted and logged before training.
         max_train_samples (`int`, *optional*):
             Use at most this many training rows (after shuffling with the run seed).
         max_eval_samples (`int`, *optional*):
@@ -115,6 +120,10 @@ class DataArguments(ScriptArguments):
     )
     eval_split_size: float = field(
         default=0.0, metadata={"help": "Fraction of train held out for evaluation when there is no test split."}
+    )
+    long_prompts: str = field(
+        default="drop",
+        metadata={"help": "Prompts too long for the context: `drop` or `truncate_left`.", "choices": LONG_PROMPTS},
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Cap on the number of evaluation rows."})

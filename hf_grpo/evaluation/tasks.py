@@ -101,7 +101,10 @@ class TaskEvaluator:
                 batch_size=self.batch_size, grade_timeout=timeout, pool=pool, progress=self.progress, label=label
             )
             if trainer is not None:
-                with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as unwrapped:
+                gather = trainer.args.ds3_gather_for_generation  # False: ZeRO-3 shards stay, generate syncs ranks
+                with unwrap_model_for_generation(
+                    trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=gather
+                ) as unwrapped:
                     result = evaluate(unwrapped, tokenizer, subset, self.task, self.max_new_tokens, **options)
             else:
                 model.to(state.device)

@@ -56,6 +56,9 @@ class GenerationArguments:
             time is not resent (a frozen server stops the run after this long, logging every 30 s while it waits).
         max_retries (`int`, defaults to `3`):
             Retries of a request on connection errors and HTTP 429/502/503/504.
+        restart_wait (`float`, defaults to `0.0`):
+            Seconds to wait for a server that stopped answering to come back (restarted by you or a supervisor);
+            it then gets the current adapter again and the request is sent once more. 0: the run ends at once.
         serve_command (`list[str]`, defaults to `["vllm", "serve"]`):
             Program that starts the server; the model and the flags are appended.
         extra_args (`list[str]`, *optional*):
@@ -81,6 +84,7 @@ class GenerationArguments:
     server_timeout: float = field(default=600.0, metadata={"help": "Seconds to wait for server health."})
     request_timeout: float = field(default=600.0, metadata={"help": "Seconds per generation request."})
     max_retries: int = field(default=3, metadata={"help": "Retries on transient request failures."})
+    restart_wait: float = field(default=0.0, metadata={"help": "Seconds to wait for a restarted server (0: none)."})
     serve_command: list[str] = field(
         default_factory=lambda: ["vllm", "serve"], metadata={"help": "Program that starts the server."}
     )
@@ -146,6 +150,8 @@ def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, expl
                 problems.append(f"generation.{key} must be a positive number of seconds, got {getattr(gen, key)}")
         if gen.max_retries < 0:
             problems.append(f"generation.max_retries must be 0 or more, got {gen.max_retries}")
+        if not gen.restart_wait >= 0:  # also catches NaN
+            problems.append(f"generation.restart_wait must be 0 or more seconds, got {gen.restart_wait}")
         if gen.sync_mode(use_peft) == "lora" and not use_peft:
             problems.append("generation.weight_sync: lora needs use_peft: true (only an adapter can be synced)")
         if gen.sync_mode(use_peft) == "lora" and lora_r > LORA_RANKS[-1]:

@@ -23,7 +23,7 @@ import requests
 from peft import get_peft_model_state_dict
 from safetensors.torch import save_file
 
-from .vllm_client import VLLMServerClient
+from .vllm_client import VLLMConnectionError, VLLMServerClient, VLLMServerError
 
 
 logger = logging.getLogger(__name__)
@@ -83,10 +83,12 @@ class ServerGenerator:
         server_timeout: float = 600.0,
         seed: int | None = None,
         check_logprobs: bool = True,
+        restart_wait: float = 0.0,
     ):
         self.client = VLLMServerClient(url, request_timeout=request_timeout, max_retries=max_retries)
         self.url, self.adapter_dir, self.server_timeout, self.seed = url, Path(adapter_dir), server_timeout, seed
         self.check_logprobs = check_logprobs  # False for a server our launcher started with processed_logprobs
+        self.restart_wait = restart_wait  # seconds a server that stopped answering may take to come back
         self.adapter_name: str | None = None
         self.synced_step = -1
         self.adapter_sha256: str | None = None  # of the adapter the server serves now (main process)
@@ -142,7 +144,7 @@ class ServerGenerator:
         path = self.adapter_dir / f"step-{step}"
         sha256 = save_adapter(trainer, path)
         if trainer.accelerator.is_main_process:
-            self.client.load_lora_adapter(name, str(path.resolve()))
+            self._send_once_more_after_restart(self.client.load_lora_adapter, name, str(path.resolve()), reload=False)
             if previous is not None:
                 self.client.unload_lora_adapter(previous, missing_ok=True)
             self.adapter_sha256 = sha256
@@ -182,7 +184,8 @@ class ServerGenerator:
                 if len(chosen) * n > SEED_STRIDE:
                     raise ValueError(f"{len(chosen)} prompts x {n} samples exceed one call's {SEED_STRIDE} seeds")
                 seeds = [seed + j * n for j in range(len(chosen))]
-            result = self.client.generate(
+            result = self._send_once_more_after_restart(
+                self.client.generate,
                 [runs[i][0] for i in chosen],
                 n=n,
                 max_tokens=trainer.max_completion_length,
@@ -203,3 +206,28 @@ class ServerGenerator:
         completion_ids = [list(ids) for run in samples for ids, _ in run]
         logprobs = [list(lps) for run in samples for _, lps in run]
         return completion_ids, logprobs
+
+    def _send_once_more_after_restart(self, send, *args, reload: bool = True, **kwargs):
+        """``send(*args, **kwargs)``; when the server restarted, load the current adapter into it again and send
+        once more. A restart shows as a 404 for the adapter (the new server never loaded it) or, while it starts, as
+        no answer: waited for up to ``restart_wait`` seconds (0: that error ends the run as before)."""
+        try:
+            return send(*args, **kwargs)
+        except VLLMServerError as exc:
+            if exc.status != 404 or self.adapter_name is None or not reload:
+                raise
+            why = f"the vLLM server at {self.url} no longer serves {self.adapter_name}"
+        except VLLMConnectionError as exc:
+            if not self.restart_wait > 0:
+                raise
+            logger.warning(
+                "%s; waiting up to %.0f s for it to come back (generation.restart_wait)", exc, self.restart_wait
+            )
+            self.client.wait_until_healthy(timeout_s=self.restart_wait)
+            why = f"the vLLM server at {self.url} is back"
+        if reload and self.adapter_name is not None:  # load_inplace: several processes at once are harmless
+            logger.warning("%s: loading %s into it again and sending the request once more", why, self.adapter_name)
+            self.client.load_lora_adapter(
+                self.adapter_name, str((self.adapter_dir / f"step-{self.synced_step}").resolve())
+            )
+        return send(*args, **kwargs)

@@ -1,0 +1,102 @@
+"""Prompts too long for the context, found before training: dropped or cut from the left (``long_prompts``).
+
+A prompt plus ``max_completion_length`` tokens must fit the context: a vLLM server answers a longer request with
+HTTP 400 (which would end the run at the first such batch), and a model attends to ``max_position_embeddings``
+positions at most. ``fit_prompts`` measures every prompt as GRPOTrainer tokenizes it and drops the long ones or
+keeps their last tokens, and says how many.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..evaluation.core import prompt_token_ids
+from ..progress import progress_bar
+from .loaders import LONG_PROMPTS
+
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 1000  # prompts tokenized per call
+
+
+def prompt_budget(context: int | None, max_completion_length: int) -> int | None:
+    """The most prompt tokens that leave room for a whole completion; None when the context is unknown."""
+    if not context:
+        return None
+    if context <= max_completion_length:
+        raise ValueError(
+            f"max_completion_length {max_completion_length} leaves no room for a prompt in a context of {context} "
+            "tokens (generation.max_model_len, else the model's max_position_embeddings): lower max_completion_length"
+        )
+    return context - max_completion_length
+
+
+def prompt_lengths(tokenizer, prompts: list, progress: bool | None = None) -> list[int]:
+    """Each prompt's length in tokens, as GRPOTrainer builds its ids (chat template for a message list)."""
+    lengths = []
+    with progress_bar(total=len(prompts), desc="measuring prompts", unit="prompt", enabled=progress) as bar:
+        for start in range(0, len(prompts), CHUNK):
+            chunk = prompts[start : start + CHUNK]
+            if all(isinstance(p, str) for p in chunk):  # one batched call for text prompts
+                lengths += [len(ids) for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]]
+            else:
+                lengths += [len(prompt_token_ids(tokenizer, p)) for p in chunk]
+            bar.update(len(chunk))
+    return lengths
+
+
+def shortened(tokenizer, prompt, limit: int):
+    """The prompt with leading tokens cut until it fits ``limit``, in its own form: text keeps its tail; a chat prompt
+    keeps its template and earlier messages and loses the start of its last message. None when that cannot fit."""
+    for _ in range(4):  # decoding and re-tokenizing can merge tokens differently: measure again
+        excess = len(prompt_token_ids(tokenizer, prompt)) - limit
+        if excess <= 0:
+            return prompt
+        text = prompt if isinstance(prompt, str) else prompt[-1].get("content")
+        if not isinstance(text, str):
+            return None
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if excess >= len(ids):
+            return None
+        text = tokenizer.decode(ids[excess:])
+        prompt = text if isinstance(prompt, str) else [*prompt[:-1], {**prompt[-1], "content": text}]
+    return None
+
+
+def fit_prompts(dataset, tokenizer, max_prompt_tokens: int, mode: str, name: str, progress: bool | None = None):
+    """``(dataset, number dropped, number truncated)``: ``dataset`` with every prompt within ``max_prompt_tokens``.
+
+    ``mode`` ``drop`` removes the long prompts' rows; ``truncate_left`` cuts each from the left (``shortened``) and
+    drops only those that cannot be cut to fit.
+    """
+    if mode not in LONG_PROMPTS:
+        raise ValueError(f"long_prompts must be one of {', '.join(LONG_PROMPTS)}, got {mode!r}")
+    lengths = prompt_lengths(tokenizer, dataset["prompt"], progress)
+    long_rows = [i for i, n in enumerate(lengths) if n > max_prompt_tokens]
+    if not long_rows:
+        return dataset, 0, 0
+    cut = {}
+    if mode == "truncate_left":
+        prompts = dataset.select(long_rows)["prompt"]
+        cut = {i: shortened(tokenizer, p, max_prompt_tokens) for i, p in zip(long_rows, prompts, strict=True)}
+    dropped = [i for i in long_rows if cut.get(i) is None]
+    if len(dropped) < len(long_rows):
+        dataset = dataset.map(
+            lambda row, i: {"prompt": cut[i]} if cut.get(i) is not None else {"prompt": row["prompt"]},
+            with_indices=True,
+            desc="truncating prompts",
+        )
+    if dropped:
+        gone = set(dropped)
+        dataset = dataset.select([i for i in range(len(lengths)) if i not in gone])
+    truncated = len(long_rows) - len(dropped)
+    logger.warning(
+        "%s: %d of %d prompts are longer than %d tokens (the context less max_completion_length): %s",
+        name,
+        len(long_rows),
+        len(lengths),
+        max_prompt_tokens,
+        f"dropped {len(dropped)}, truncated {truncated} (long_prompts: {mode})",
+    )
+    return dataset, len(dropped), truncated

@@ -1,0 +1,122 @@
+"""Issue 23 #4: a prompt too long for the context no longer ends the run. vLLM answers prompt + max_tokens >
+max_model_len with HTTP 400, which ended training at the first batch holding such a prompt; now every prompt is
+measured before training and, per ``long_prompts``, dropped or cut from the left, with the count logged."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from datasets import Dataset
+
+from hf_grpo.data.arithmetic import make_split
+from hf_grpo.data.lengths import fit_prompts, prompt_budget, prompt_lengths, shortened
+from hf_grpo.recipe import RecipeError, load_recipe
+from hf_grpo.tiny import build_tokenizer
+from hf_grpo.train import main
+
+from .helpers.fake_vllm_server import start_in_thread
+
+
+LONG_EVERY = 4  # every fourth problem is made too long
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "system", "content": "Answer with the number."}, {"role": "user", "content": text}]
+
+
+def test_prompts_are_measured_as_the_trainer_tokenizes_them(tokenizer):
+    text = "Leo has 9 shells. How many are left?"
+    plain, templated = prompt_lengths(tokenizer, [text, chat(text)])
+    assert plain == len(tokenizer(text, add_special_tokens=False)["input_ids"]) and templated > plain
+
+
+@pytest.mark.parametrize("prompt", ["3 + 4 = ? " * 40, chat("3 + 4 = ? " * 40)], ids=["text", "chat"])
+def test_a_long_prompt_is_cut_from_the_left_in_its_own_form(tokenizer, prompt):
+    (before,) = prompt_lengths(tokenizer, [prompt])
+    cut = shortened(tokenizer, prompt, 50)
+    (after,) = prompt_lengths(tokenizer, [cut])
+    assert before > 50 >= after > 40
+    if isinstance(prompt, list):  # the template and the system message stay; the user message loses its start
+        assert cut[0] == prompt[0] and prompt[1]["content"].strip().endswith(cut[1]["content"].strip())
+    else:
+        assert prompt.strip().endswith(cut.strip())
+
+
+@pytest.mark.parametrize("mode", ["drop", "truncate_left"])
+def test_fit_prompts_drops_or_cuts_only_the_long_ones(tokenizer, mode, caplog):
+    prompts = [chat("What is 3 + 4?") for _ in range(8)] + [chat("3 + 4 = ? " * 40) for _ in range(2)]
+    data = Dataset.from_dict({"prompt": prompts, "solution": [str(i) for i in range(10)]})
+    with caplog.at_level(logging.WARNING):
+        fitted, dropped, truncated = fit_prompts(data, tokenizer, 60, mode, "training data")
+    assert (dropped, truncated) == ((2, 0) if mode == "drop" else (0, 2))
+    assert len(fitted) == 10 - dropped and max(prompt_lengths(tokenizer, fitted["prompt"])) <= 60
+    assert fitted["solution"][:8] == [str(i) for i in range(8)]  # every short row kept, in order
+    assert "training data: 2 of 10 prompts are longer than 60 tokens" in caplog.text and mode in caplog.text
+
+
+def test_no_room_for_a_prompt_is_a_recipe_level_error():
+    assert prompt_budget(None, 1024) is None and prompt_budget(1536, 1024) == 512
+    with pytest.raises(ValueError, match="max_completion_length 1024 leaves no room for a prompt"):
+        prompt_budget(1024, 1024)
+
+
+def test_long_prompts_takes_only_its_choices():
+    with pytest.raises(RecipeError, match="long_prompts"):
+        load_recipe(["recipes/tiny.yaml", "--long_prompts", "truncate"], for_run=False)
+
+
+def write_data(path, count: int = 16) -> int:
+    """Arithmetic problems as a local JSONL file, every LONG_EVERY-th with a question far over 256 tokens."""
+    rows = make_split("train", count, seed=3)
+    long = 0
+    with open(path, "w") as f:
+        for i, row in enumerate(rows):
+            if i % LONG_EVERY == 0:
+                row = {**row, "question": "Count the apples again. " * 60 + row["question"]}
+                long += 1
+            f.write(json.dumps({"question": row["question"], "answer": row["answer"]}) + "\n")
+    return long
+
+
+@pytest.mark.parametrize("mode", ["drop", "truncate_left"])
+def test_a_dataset_with_long_prompts_trains_to_the_end_through_a_server(policy_dir, tmp_path, mode, caplog):
+    """Through a server whose max_model_len is the model's 256 positions: before, the first batch holding a long
+    prompt was a 400 that ended the run (4 steps of 4 prompts see every one of the 16 problems)."""
+    data = tmp_path / "problems.jsonl"
+    long = write_data(data)
+    out = tmp_path / mode
+    server = start_in_thread(policy_dir, enable_lora=True, max_lora_rank=16, allow_runtime_lora_updating=True)
+    with server, caplog.at_level(logging.WARNING, logger="hf_grpo"):
+        code = main(
+            [
+                "recipes/tiny.yaml",
+                "--model_name_or_path", str(policy_dir),
+                "--dataset_name", str(data),
+                "--prompt_column", "question",
+                "--solution_column", "answer",
+                "--long_prompts", mode,
+                "--eval_before_after", "false",
+                "--task_eval_steps", "0",
+                "--output_dir", str(out),
+                "--max_steps", "4",
+                "--logging_steps", "1",
+                "--per_device_train_batch_size", "16",
+                "--num_generations", "4",
+                "--max_completion_length", "10",
+                "--dynamic_sampling", "false",
+                "--generation.backend", "vllm_server",
+                "--generation.base_url", server.url,
+            ]
+        )  # fmt: skip
+    assert code == 0
+    history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    assert [r["step"] for r in history] == [1, 2, 3, 4]
+    counts = f"dropped {long}, truncated 0" if mode == "drop" else f"dropped 0, truncated {long}"
+    assert f"training data: {long} of 16 prompts are longer than 246 tokens" in caplog.text and counts in caplog.text

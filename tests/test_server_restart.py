@@ -1,0 +1,94 @@
+"""Issue 23 #5: a vLLM server that restarts mid-run no longer ends it. A restarted server has lost the adapter, so the
+next request is a 404 "model does not exist": the generator loads the current adapter into it again and sends the
+request once more. While it restarts it does not answer at all: ``generation.restart_wait`` says how long to wait."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.generation.server_generator import ServerGenerator
+from hf_grpo.trainer import GRPOTrainer
+
+from .helpers.common import REPO, tiny_config, tiny_lora
+from .helpers.fake_vllm_server import start_in_thread, start_subprocess
+from .helpers.reward_scripts import alternating
+
+
+def test_a_server_that_lost_the_adapter_gets_it_again_and_the_step_goes_on(policy_dir, tmp_path, caplog):
+    server = start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True)
+    with server, caplog.at_level(logging.WARNING, logger="hf_grpo"):
+        tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
+        train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
+        generator = ServerGenerator(server.url, tmp_path / "adapters", request_timeout=30, server_timeout=30)
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(policy_dir),
+            reward_funcs=alternating,
+            args=tiny_config(tmp_path, max_steps=3),
+            train_dataset=train,
+            processing_class=tokenizer,
+            peft_config=tiny_lora(),
+            generator=generator,
+        )
+        sync = generator.sync
+
+        def sync_then_lose_it(t):  # as if the server restarted between the sync and the step's generation
+            synced = sync(t)
+            if t.state.global_step == 1:
+                requests.post(f"{server.url}/fixture/reset", json={"adapters": True}, timeout=10).raise_for_status()
+            return synced
+
+        generator.sync = sync_then_lose_it
+        trainer.train()
+        adapters = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    assert trainer.state.global_step == 3
+    assert "no longer serves policy-1: loading policy-1 into it again and sending the request once more" in caplog.text
+    assert set(adapters) == {"policy-2"}  # the sync after the reload went on as usual
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow  # two server starts and a whole run
+def test_a_run_waits_for_a_restarted_server_with_restart_wait(policy_dir, tmp_path):
+    server = start_subprocess(policy_dir, max_lora_rank=16)
+    port = server.url.rsplit(":", 1)[1]
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "hf_grpo.train", "recipes/tiny.yaml",
+        "--model_name_or_path", str(policy_dir), "--output_dir", str(out),
+        "--warm_start_steps", "0", "--max_steps", "6", "--logging_steps", "1",
+        "--per_device_train_batch_size", "16", "--num_generations", "4", "--max_completion_length", "10",
+        "--arithmetic_train_size", "64", "--arithmetic_eval_size", "8", "--eval_before_after", "false",
+        "--generation.backend", "vllm_server", "--generation.base_url", server.url,
+        "--generation.max_retries", "1", "--generation.restart_wait", "120",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    restarted = None
+    try:
+        deadline, history = time.monotonic() + 300, out / "training_history.json"
+        while time.monotonic() < deadline:  # let it train two steps, then restart the server on the same port
+            if history.exists() and len(json.loads(history.read_text() or "[]")) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        server.kill()
+        time.sleep(3)  # the run meets a server that does not answer
+        restarted = start_subprocess(policy_dir, max_lora_rank=16, port=int(port))
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        server.stop()
+        if restarted is not None:
+            restarted.stop()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "waiting up to 120 s for it to come back (generation.restart_wait)" in stderr
+    # the server came back with no adapter: the request that met it reloaded the current one ("into it again"), or
+    # the step's sync loaded the next one
+    steps = [r["step"] for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
