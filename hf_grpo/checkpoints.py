@@ -21,6 +21,8 @@ import re
 import shutil
 from pathlib import Path
 
+from .outputs import RECIPE_FILE
+
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ class CheckpointError(ValueError):
 def write_manifest(folder: str | os.PathLike, num_processes: int, dynamic_sampling: bool) -> None:
     """Mark ``folder`` complete: call on one process, after every process has written its files."""
     folder = Path(folder)
+    run_recipe = folder.parent / RECIPE_FILE
+    if run_recipe.is_file():  # the recipe this checkpoint was trained with, compared before a resume
+        shutil.copyfile(run_recipe, folder / RECIPE_FILE)
     files = {
         str(path.relative_to(folder)): path.stat().st_size
         for path in sorted(folder.rglob("*"))
@@ -121,6 +126,53 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
         alternative = f"the newest complete one is {good}" if good else f"{parent} has no complete checkpoint"
         raise CheckpointError(f"resume_from_checkpoint: {value} cannot be resumed from: {why}; {alternative}")
     return value
+
+
+# Recipe keys that fix the shapes or the meaning of what a checkpoint holds: resuming with another value fails after
+# the model loads (a LoRA size mismatch) or trains a different model from the saved optimizer state.
+FIXED_KEYS = (
+    "model_name_or_path",
+    "model_revision",
+    "tiny_hidden_size",
+    "use_peft",
+    "lora_r",
+    "lora_target_modules",
+    "lora_target_parameters",
+    "lora_modules_to_save",
+    "use_dora",
+    "num_generations",
+)
+# Keys that differ between a run and its resume without changing what is resumed.
+_IGNORED_KEYS = ("resume_from_checkpoint", "output_dir")
+
+
+def saved_recipe_path(checkpoint: str | os.PathLike) -> Path | None:
+    """The recipe a checkpoint was trained with: its own copy, else its run's ``recipe.yaml``; None without one."""
+    for path in (Path(checkpoint) / RECIPE_FILE, Path(checkpoint).parent / RECIPE_FILE):
+        if path.is_file():
+            return path
+    return None
+
+
+def recipe_changes(saved: dict, current: dict, defaults: dict) -> tuple[dict, dict]:
+    """(fixed, other): the keys whose values differ between the checkpoint's recipe and this one, each as
+    ``key: (saved, current)``; a key one of them leaves out has its default. ``fixed`` ones make resuming impossible."""
+    fixed, other = {}, {}
+    for key in sorted(saved.keys() | current.keys()):
+        old, new = saved.get(key, defaults.get(key)), current.get(key, defaults.get(key))
+        if key in _IGNORED_KEYS or old == new:
+            continue
+        (fixed if key in FIXED_KEYS else other)[key] = (old, new)
+    return fixed, other
+
+
+def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:
+    """The checkpoint's step when it reached ``max_steps`` (> 0): the run is finished; else None."""
+    try:
+        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and 0 < max_steps <= step else None
 
 
 SCORES_FILE = "checkpoint_scores.json"  # keep_top_k's ranking: checkpoint name -> held-out accuracy (None: unranked)

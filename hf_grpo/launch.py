@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from . import crash_log
+from .checkpoints import newest_complete
 from .generation.layout import format_env_command, server_command, training_gpus
 from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
@@ -314,14 +317,18 @@ def run_launcher(recipe, argv: list[str]) -> int:
                 )
                 server.__enter__()
             else:
-                env = {**os.environ, **command.env, LAUNCHED_ENV: "1"}
+                env = {**os.environ, **command.env, LAUNCHED_ENV: "1", crash_log.COMMAND_ENV: shlex.join(argv)}
                 if server is not None:  # ours, started with --logprobs-mode processed_logprobs: nothing to check
                     env[SERVER_STARTED_ENV] = "1"
-                children.append(subprocess.Popen(command.argv, env=env, start_new_session=True))
+                children.append(subprocess.Popen(quiet(command.argv, recipe), env=env, start_new_session=True))
                 watchdog.watch(children[-1].pid)
-        return _wait_all(children)
+        code = _wait_all(children)
+        if code != 0:
+            print(failed_summary(recipe, argv, code), file=sys.stderr)  # noqa: T201
+        return code
     except KeyboardInterrupt:
         _stop_all(children, signal.SIGINT)
+        print(stopped_summary(recipe, argv), file=sys.stderr)  # noqa: T201
         return 130
     finally:
         for child in children:  # a launch that exited may leave workers behind in its group
@@ -330,6 +337,32 @@ def run_launcher(recipe, argv: list[str]) -> int:
             server.stop()
         watchdog.dismiss()  # only now: should stopping be cut short, the watchdog finishes it
         signal.signal(signal.SIGTERM, previous)
+
+
+def quiet(argv: list[str], recipe) -> list[str]:
+    """``accelerate launch ...`` run through ``hf_grpo.crash_log``: its own tracebacks (a failed child, a stop
+    signal) go to a crash log in the run's ``logs/``, not the console."""
+    if len(argv) < 2 or Path(argv[0]).name != "accelerate" or argv[1] != "launch":
+        return argv
+    return [sys.executable, "-m", "hf_grpo.crash_log", str(recipe.training.output_dir), *argv]
+
+
+def failed_summary(recipe, argv: list[str], code: int) -> str:
+    """The launcher's one line after a training launch failed: where its error is and how to resume."""
+    logs = Path(recipe.training.output_dir) / "logs"
+    return (
+        f"hf_grpo: training stopped with exit code {code}: its error is the `hf_grpo: error:` line above (tracebacks "
+        f"in {logs}/); resume with: {crash_log.resume_command(argv)}"
+    )
+
+
+def stopped_summary(recipe, argv: list[str]) -> str:
+    """One line after a stop signal: the newest complete checkpoint (what resuming continues from) and the command."""
+    saved = None
+    if recipe.training.output_dir and Path(recipe.training.output_dir).is_dir():
+        saved, _ = newest_complete(recipe.training.output_dir, recipe.layout.num_processes)
+    what = f"the newest complete checkpoint is {saved}" if saved else "no complete checkpoint was saved yet"
+    return f"hf_grpo: stopped by a signal; {what}; resume with: {crash_log.resume_command(argv)}"
 
 
 def _stop_all(children, signum) -> None:

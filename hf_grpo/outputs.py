@@ -8,3 +8,4 @@ EVAL_FILE = "eval_results.json"  # held-out accuracy before and after training (
 PLOT_FILE = "training_curves.png"  # the training plot (hf_grpo.evaluation.report.choose_panels)
 SUMMARY_FILE = "summary.md"  # the Markdown summary (hf_grpo.evaluation.report)
 EVAL_RECORDS = "eval_{label}.jsonl"  # per-problem held-out records, label before / after / stepN (evaluation.tasks)
+LOCK_FILE = "hf_grpo.lock"  # the run writing into output_dir: pid, host, command (hf_grpo.run_lock)

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .card import write_local_card
-from .checkpoints import CheckpointError, resolve_resume
+from .checkpoints import CheckpointError, finished_step, recipe_changes, resolve_resume, saved_recipe_path
 from .data import load_grpo_datasets
 from .data.lengths import fit_prompts, prompt_budget
 from .data.loaders import eval_grader, is_local_file, source_splits
@@ -27,9 +27,12 @@ from .miniature import activate
 from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
 from .progress import enabled_for
 from .recipe import Recipe, RecipeError
+from .recipe.schema import key_defaults
+from .recipe.yaml12 import load_yaml
 from .results import RunResult, library_versions
 from .rewards import load_reward_funcs
 from .rewards.wrapper import RewardFailedError
+from .run_lock import RunLockError, acquire, check_free, release
 from .trackers import TrackerSetup, log_evaluation, setup_trackers
 
 
@@ -94,25 +97,89 @@ def save_recipe(recipe: Recipe) -> str | None:
     return text
 
 
-def resume_target(args, num_processes: int) -> str | None:
+def resume_target(recipe, num_processes: int, lock: bool = True) -> str | None:
     """What to pass to ``Trainer.train(resume_from_checkpoint=...)``: the newest complete checkpoint for ``auto``/``true``.
 
-    Raises RecipeError, before anything loads, for a checkpoint path that is incomplete, damaged or written by another
-    number of processes (``checkpoints.py``).
+    ``recipe`` is a Recipe (or only its training arguments, which skips the recipe comparison). Raises RecipeError,
+    before anything loads, when another live run holds ``output_dir`` (``lock``: the launcher's check, before it
+    starts anything; ``run`` takes the lock itself), for a checkpoint path that is incomplete, damaged or written by
+    another number of processes (``checkpoints.py``), and for a checkpoint trained with another value of a key that
+    fixes its shapes (``checkpoints.FIXED_KEYS``); other changed keys are a warning.
     """
+    args = getattr(recipe, "training", recipe)
     try:
-        return resolve_resume(args.resume_from_checkpoint, args.output_dir, num_processes)
-    except CheckpointError as exc:
+        if lock:
+            check_free(args.output_dir)
+        resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, num_processes)
+    except (CheckpointError, RunLockError) as exc:
         raise RecipeError(str(exc)) from None
+    if resume is not None and isinstance(recipe, Recipe):
+        check_recipe_unchanged(recipe, resume)
+    return resume
+
+
+def check_recipe_unchanged(recipe: Recipe, checkpoint: str) -> None:
+    """RecipeError naming the keys (saved -> current) when ``checkpoint`` was trained with other values of the keys
+    that fix its shapes; a warning for the other changed keys."""
+    path = saved_recipe_path(checkpoint)
+    if path is None:
+        logger.warning(
+            "resume: %s has no %s beside it: the recipe it was trained with is not compared", checkpoint, RECIPE_FILE
+        )
+        return
+    try:
+        saved = load_yaml(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        logger.warning("resume: %s cannot be read (%s): the recipes are not compared", path, exc)
+        return
+    fixed, other = recipe_changes(saved if isinstance(saved, dict) else {}, recipe.values, key_defaults())
+
+    def listed(changes: dict) -> str:
+        return ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
+
+    if fixed:
+        raise RecipeError(
+            f"resume_from_checkpoint: {checkpoint} was trained with another {', '.join(fixed)} ({listed(fixed)}, "
+            f"from {path}): it cannot be resumed with these values; resume with the saved ones, or start a new run "
+            "in another output_dir"
+        )
+    if other:
+        logger.warning(
+            "resume: these keys differ from %s and take effect from %s: %s", path, checkpoint, listed(other)
+        )
 
 
 def run(recipe: Recipe) -> dict:
-    """Train the recipe; returns the before/after evaluation (empty when disabled)."""
+    """Train the recipe; returns the before/after evaluation (empty when disabled, or when the run is finished).
+
+    The main process holds ``output_dir``'s lock (``run_lock``) from before anything is written there to the end.
+    """
     if recipe.miniature is not None:  # before TRL's generation modules are imported: they look for vllm once
         activate(recipe.miniature)
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
+    lock = None
+    if recipe.training.process_index == 0:
+        try:
+            lock = acquire(recipe.training.output_dir)
+        except RunLockError as exc:
+            raise RecipeError(str(exc)) from None
+    try:
+        return _run(recipe)
+    finally:
+        release(lock)
+
+
+def _run(recipe: Recipe) -> dict:
+    """``run``'s steps, with the lock held."""
     args = recipe.training
-    resume = resume_target(args, int(os.environ.get("WORLD_SIZE", "1")))  # before anything loads
+    resume = resume_target(recipe, int(os.environ.get("WORLD_SIZE", "1")), lock=False)  # before anything loads
+    step = finished_step(resume, args.max_steps) if resume is not None else None
+    if step is not None:
+        logger.info(
+            "the run in %s is finished: %s is at step %d of max_steps %d; nothing to train (raise max_steps to train "
+            "on, or choose another output_dir for a new run)", args.output_dir, resume, step, args.max_steps,
+        )  # fmt: skip
+        return {}
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
     recipe_text = save_recipe(recipe)

@@ -20,18 +20,25 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import re
 import sys
 import textwrap
+from pathlib import Path
 
+from . import crash_log
 from .generation.server import ServerStartError
+from .generation.vllm_client import VLLMConnectionError, VLLMServerError
 from .launch import (
+    LAUNCHED_ENV,
+    SERVER_STARTED_ENV,
     ProgramNotFound,
     apply_thread_policy,
     inside_launch,
     needs_launcher,
     plan_commands,
     run_launcher,
+    stopped_summary,
 )
 from .pipeline import resume_target, run
 from .recipe import NESTED, RecipeError, apply_env, field_index, load_recipe, nested_index, render_dry_run
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     apply_env(recipe)
     if needs_launcher(recipe):
         try:
-            resume_target(recipe.training, recipe.layout.num_processes)  # a bad checkpoint: before the launch
+            resume_target(recipe, recipe.layout.num_processes)  # a bad or changed checkpoint: before the launch
             return run_launcher(recipe, passthrough)
         except (ProgramNotFound, RecipeError) as exc:
             return fail(exc)
@@ -151,7 +158,40 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except RewardFailedError as exc:  # a reward failing on every completion, stopped early (reward_max_failed_calls)
         print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
         return fail(exc, status=1)
+    except (VLLMConnectionError, VLLMServerError) as exc:  # the server died, hung or broke mid-run
+        return server_failed(recipe, passthrough, exc)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or the launcher stopping its processes
+        return interrupted(recipe, passthrough, exc)
     return 0
+
+
+def first_rank() -> bool:
+    """Whether this process prints a run's one closing line (rank 0, or a run of one process)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def server_failed(recipe, argv: list[str], exc: VLLMConnectionError | VLLMServerError) -> int:
+    """One line for a server that stopped answering: which, its log, the traceback's file, the resume command."""
+    traceback_log = crash_log.write(recipe.training.output_dir, exc)
+    if not first_rank():
+        return 1
+    server_log = Path(recipe.training.output_dir) / "vllm_server.log"
+    where = server_log if os.environ.get(SERVER_STARTED_ENV) else "wherever you started the server"
+    print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
+    return fail(
+        f"the vLLM server at {recipe.generation.url} stopped answering ({' '.join(str(exc).split())}); its log: "
+        f"{where}; the traceback: {traceback_log}; resume with: {crash_log.resume_command(argv)}",
+        status=1,
+    )
+
+
+def interrupted(recipe, argv: list[str], exc: KeyboardInterrupt) -> int:
+    """Stopped by SIGINT: the traceback to a crash log; one summary line unless a launcher prints it."""
+    crash_log.write(recipe.training.output_dir, exc)
+    if first_rank() and LAUNCHED_ENV not in os.environ:
+        print(file=sys.stderr)  # noqa: T201
+        print(stopped_summary(recipe, argv), file=sys.stderr)  # noqa: T201
+    return 130
 
 
 if __name__ == "__main__":

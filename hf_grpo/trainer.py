@@ -25,6 +25,7 @@ from trl.trainer.utils import get_config_model_id
 from . import sampling
 from .checkpoints import keep_best, write_manifest
 from .config import HfGRPOConfig
+from .eta import EtaCallback
 from .progress import DeferredBar, enabled_for
 from .rewards.wrapper import DEFAULT_MAX_FAILED_CALLS, RewardFailedError
 from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
@@ -89,6 +90,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *rest, generator=None, **kwargs):
         args = hf_config(model, args)  # before TRL loads anything
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        self.add_callback(EtaCallback())  # the estimated-time line once the first steps are measured
         self.generator = generator  # hf_grpo.generation.ServerGenerator: a vLLM server with adapter-only sync
         if generator is not None:
             if self.args.use_vllm:

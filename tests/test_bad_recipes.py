@@ -18,6 +18,14 @@ from .helpers.common import REPO, run_module
 TINY = str(REPO / "recipes" / "tiny.yaml")
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 BASE = "model_name_or_path: tiny\ndataset_name: arithmetic\nreport_to: none\n"
+TINY_SIZES = ["--generation.max_model_len", "256", "--max_completion_length", "128"]  # within the tiny model's 256
+VLLM_SERVER = ["--generation.backend", "vllm_server"]
+# lists of 9 aliases, 7 levels deep: 4.8 million strings once expanded (issue 21 #6: a 254 MB error line)
+ALIAS_BOMB = "lora_target_modules:\n  - &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 7)
+)
+# the same in a mapping of any values, which no type check refuses
+BOMB_MAPPING = "".join(f"    a{n}: {line[4:]}\n" for n, line in enumerate(ALIAS_BOMB.splitlines()[1:]))
 
 # (case id, command-line overrides on recipes/tiny.yaml, text the one error line must contain)
 OVERRIDES = [
@@ -30,6 +38,8 @@ OVERRIDES = [
     ("lr-string", ["--learning_rate", "fast"], "learning_rate"),
     ("max-completion-0", ["--max_completion_length", "0"], "max_completion_length"),
     ("max-completion-neg", ["--max_completion_length", "-16"], "max_completion_length"),
+    ("max-completion-over-context", ["--max_completion_length", "1000000"], "max_position_embeddings 256"),
+    ("max-model-len-over-context", ["--generation.max_model_len", "4096"], "generation.max_model_len 4096"),
     ("temperature-neg", ["--temperature", "-1"], "temperature"),
     ("temperature-0", ["--temperature", "0"], "temperature"),
     ("temperature-nan", ["--temperature", ".nan"], "temperature"),
@@ -85,6 +95,16 @@ OVERRIDES = [
     ("reward-unknown", ["--reward_funcs", "[nosuch_reward]"], "nosuch_reward"),
     ("tiny-hidden-0", ["--tiny_hidden_size", "0"], "tiny_hidden_size"),
     ("hub-token", ["--hub_token", "hf_abc"], "hub_token"),
+    # issue 21 #9: values that passed the check and failed (or hung) later
+    ("hub-model-id-list", ["--hub_model_id", "[hf_abc]"], "hub_model_id '[hf_abc]' is not a Hub repository id"),
+    ("hub-model-id-space", ["--hub_model_id", "me/my model"], "hub_model_id"),
+    ("hub-model-id-3-parts", ["--hub_model_id", "a/b/c"], "hub_model_id"),
+    ("base-url-port", [*VLLM_SERVER, "--generation.base_url", "http://127.0.0.1:99999"], "generation.base_url"),
+    ("base-url-scheme", [*VLLM_SERVER, "--generation.base_url", "ftp://127.0.0.1:8000"], "generation.base_url"),
+    ("base-url-no-host", [*VLLM_SERVER, "--generation.base_url", "http://:8000"], "generation.base_url"),
+    ("base-url-no-scheme", [*VLLM_SERVER, "--generation.base_url", "localhost:8000"], "generation.base_url"),
+    ("output-dir-unwritable", ["--output_dir", "/proc/hf_grpo_no_such/run"], "output_dir '/proc/hf_grpo_no_such/run'"),
+    ("output-dir-sys", ["--output_dir", "/sys/hf_grpo_run"], "output_dir '/sys/hf_grpo_run'"),
 ]
 
 # (case id, recipe file text, text the one error line must contain)
@@ -117,6 +137,13 @@ FILES = [
     ("save-steps-file", BASE + "save_strategy: steps\nsave_steps: 0\n", "save_steps"),
     ("generation-unknown", BASE + "generation: {backnd: vllm_server}\n", "backnd"),
     ("generation-not-mapping", BASE + "generation: vllm\n", "generation"),
+    ("alias-bomb", BASE + "use_peft: true\n" + ALIAS_BOMB, "lora_target_modules"),
+    ("alias-bomb-in-mapping", BASE + "reward_kwargs:\n  gsm8k_correctness:\n" + BOMB_MAPPING, "reward_kwargs"),
+    ("recursive-alias", BASE + "reward_kwargs: &r {gsm8k_correctness: *r}\n", "reward_kwargs"),
+    ("too-deep", BASE + "reward_kwargs: " + "[" * 3000 + "]" * 3000 + "\n", "nested"),
+    ("duplicate-after-merge", BASE + "<<: {seed: 1}\nlearning_rate: 1e-3\nlearning_rate: 2e-3\n", "learning_rate"),
+    ("duplicate-in-merged", BASE + "<<: {seed: 1, seed: 2}\n", "seed"),
+    ("base-url-file", BASE + "generation: {backend: vllm_server, base_url: 'http://127.0.0.1:99999'}\n", "99999"),
 ]
 
 
@@ -155,6 +182,82 @@ def test_bad_recipe_file_is_refused(text, mention, tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     assert_refused([str(path), "--dry-run"], capsys, mention)
+
+
+def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
+    """Issue 21 #6: an alias bomb in a list value was refused with a 254 MB error line (1.2 GB RSS)."""
+    import tracemalloc
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BASE + "use_peft: true\n" + ALIAS_BOMB)
+    tracemalloc.start()
+    try:
+        line = assert_refused([str(path), "--dry-run"], capsys, "lora_target_modules")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(line) < 1000, len(line)
+    assert peak < 50_000_000, peak
+
+
+def test_a_long_value_is_shortened_in_the_error(tmp_path, capsys):
+    """Issue 21 #6: what an error echoes is bounded (a 1 MB string is not printed whole)."""
+    line = assert_refused([TINY, "--dry-run", "--seed", "x" * 1_000_000], capsys, "seed")
+    assert len(line) < 1000 and "1000000 characters" in line, line[:2000]
+
+
+def test_yaml_merge_keys_are_read(tmp_path, capsys):
+    """Issue 21 #6: `<<: *base` failed with "could not determine a constructor for the tag ...merge"."""
+    from hf_grpo.recipe import load_recipe
+    from hf_grpo.recipe.yaml12 import load_yaml
+
+    data = load_yaml("base: &base {a: 1, b: 2}\nrun:\n  <<: *base\n  b: 3\n")
+    assert data["run"] == {"a": 1, "b": 3}
+    path = tmp_path / "merge.yaml"
+    path.write_text(BASE + "max_completion_length: 16\n<<: {learning_rate: 1e-3, seed: 3}\nseed: 5\n")
+    recipe, _ = load_recipe([str(path)], for_run=False)
+    assert recipe.values["learning_rate"] == 1e-3 and recipe.values["seed"] == 5
+
+
+@pytest.mark.parametrize("argv", [["--config", "--dry-run"], ["--config=", "--dry-run"], ["--config"]])
+def test_a_flag_is_never_the_recipe_path(argv, capsys):
+    """Issue 21 #6: `--config --dry-run` took `--dry-run` as the recipe path."""
+    line = assert_refused(argv, capsys, "--config needs a recipe file")
+    assert "'--dry-run' does not exist" not in line
+
+
+def test_output_dir_in_a_read_only_directory(tmp_path, capsys):
+    """Issue 21 #9: an output_dir under a read-only location failed in train.py with a traceback; nothing is
+    created by the check."""
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):
+        pytest.skip("running as root: mode bits do not stop writes (the /proc and /sys cases cover it)")
+    line = assert_refused([TINY, "--dry-run", "--output_dir", str(locked / "run")], capsys, "output_dir")
+    assert str(locked / "run") in line
+    assert list(locked.iterdir()) == []
+
+
+def test_output_dir_check_leaves_nothing_behind(tmp_path, capsys):
+    out = tmp_path / "new" / "run"
+    assert main([TINY, "--dry-run", "--output_dir", str(out)]) == 0, capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("hub_id", ["run", "me/run", "my-org/qwen2.5-math_1.5b"])
+def test_good_hub_model_ids_pass(hub_id, capsys):
+    from hf_grpo.recipe import load_recipe
+
+    recipe, _ = load_recipe([TINY, "--hub_model_id", hub_id], for_run=False)
+    assert recipe.training.hub_model_id == hub_id
+
+
+def test_a_good_base_url_passes(capsys):
+    assert main([TINY, "--dry-run", *VLLM_SERVER, "--generation.base_url", "http://gpu-node:8000/"]) == 0, (
+        capsys.readouterr().err
+    )
 
 
 def test_duplicate_key_names_both_lines(tmp_path, capsys):
@@ -338,7 +441,7 @@ def test_a_real_model_without_a_recipe_asks_for_one(capsys):
 @pytest.mark.parametrize(
     ("argv", "adapted"),
     [
-        (["recipes/qwen7b-lora-dedicated.yaml", "--model_name_or_path", "tiny"], 14),  # `all-linear` in the file
+        (["recipes/qwen7b-lora-dedicated.yaml", "--model_name_or_path", "tiny", *TINY_SIZES], 14),  # all-linear
         ([TINY, "--lora_target_modules", "q_proj"], 2),
         ([TINY, "--lora_target_modules", "q_proj", "v_proj"], 4),
     ],

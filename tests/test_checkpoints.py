@@ -256,3 +256,28 @@ def test_a_checkpoint_path_with_a_tilde_is_expanded(run_dir, monkeypatch):
     monkeypatch.setenv("HOME", str(run_dir.parent))
     resumed = resolve_resume(f"~/{run_dir.name}/checkpoint-3", str(run_dir), 1)
     assert resumed == str(run_dir / "checkpoint-3")
+
+
+def test_a_checkpoint_keeps_the_recipe_it_was_trained_with_and_says_when_it_is_finished(tmp_path):
+    """Issue 21 #4, #5: the resume compares this recipe (listed in the manifest, so checked like every file) with the
+    current one, and a checkpoint at max_steps is a finished run."""
+    from hf_grpo.checkpoints import finished_step, recipe_changes, saved_recipe_path, write_manifest
+
+    (tmp_path / "recipe.yaml").write_text("lora_r: 16\n")
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    write_manifest(folder, 1, False)
+    (tmp_path / "recipe.yaml").write_text("lora_r: 8\n")  # a later run's recipe: the checkpoint keeps its own
+    assert (
+        saved_recipe_path(folder) == folder / "recipe.yaml"
+        and "recipe.yaml" in json.loads((folder / MANIFEST).read_text())["files"]
+    )
+    assert (folder / "recipe.yaml").read_text() == "lora_r: 16\n"
+    assert finished_step(folder, 2) == 2 and finished_step(folder, 3) is None and finished_step(folder, -1) is None
+    fixed, other = recipe_changes(
+        {"lora_r": 16, "learning_rate": 0.002, "resume_from_checkpoint": None},
+        {"lora_r": 8, "resume_from_checkpoint": "auto", "use_peft": True},
+        {"learning_rate": 0.001, "use_peft": True},
+    )
+    assert fixed == {"lora_r": (16, 8)} and other == {"learning_rate": (0.002, 0.001)}

@@ -37,16 +37,28 @@ def test_prompts_are_measured_as_the_trainer_tokenizes_them(tokenizer):
     assert plain == len(tokenizer(text, add_special_tokens=False)["input_ids"]) and templated > plain
 
 
-@pytest.mark.parametrize("prompt", ["3 + 4 = ? " * 40, chat("3 + 4 = ? " * 40)], ids=["text", "chat"])
+LONG_SYSTEM = [
+    {"role": "system", "content": "Think step by step. " * 40},
+    {"role": "user", "content": "What is 3 + 4?"},
+]
+
+
+@pytest.mark.parametrize("prompt", ["3 + 4 = ? " * 40, LONG_SYSTEM], ids=["text", "chat"])
 def test_a_long_prompt_is_cut_from_the_left_in_its_own_form(tokenizer, prompt):
     (before,) = prompt_lengths(tokenizer, [prompt])
     cut = shortened(tokenizer, prompt, 50)
     (after,) = prompt_lengths(tokenizer, [cut])
     assert before > 50 >= after > 40
-    if isinstance(prompt, list):  # the template and the system message stay; the user message loses its start
-        assert cut[0] == prompt[0] and prompt[1]["content"].strip().endswith(cut[1]["content"].strip())
+    if isinstance(prompt, list):  # the messages and the question stay; the system prompt, first, loses its start
+        assert cut[1] == prompt[1] and prompt[0]["content"].strip().endswith(cut[0]["content"].strip())
     else:
         assert prompt.strip().endswith(cut.strip())
+
+
+def test_a_dataset_with_no_prompt_short_enough_is_an_error(tokenizer):
+    data = Dataset.from_dict({"prompt": [chat("3 + 4 = ? " * 40)] * 3, "solution": ["7"] * 3})
+    with pytest.raises(ValueError, match="training data: every prompt is longer than 60 tokens"):
+        fit_prompts(data, tokenizer, 60, "drop", "training data")
 
 
 @pytest.mark.parametrize("mode", ["drop", "truncate_left"])

@@ -78,7 +78,8 @@ def test_command_line_overrides_any_field():
 def test_yaml_12_scalars(tmp_path):
     # PyYAML (YAML 1.1) reads `1e-6` as a string and `no` as False; recipes use YAML 1.2 rules instead.
     recipe, _ = load_recipe(
-        [write(tmp_path, "learning_rate: 1e-6\neval_strategy: no\nuse_peft: true\n")], for_run=False
+        [write(tmp_path, "learning_rate: 1e-6\neval_strategy: no\nuse_peft: true\nmax_completion_length: 16\n")],
+        for_run=False,
     )
     assert recipe.training.learning_rate == 1e-6
     assert recipe.values["eval_strategy"] == "no"
@@ -116,7 +117,7 @@ def test_bad_recipes_raise_a_message_naming_the_problem(tmp_path, text, expected
 
 def test_dynamic_sampling_needs_whole_groups_per_process(tmp_path):
     # 2 x 2 x 4 processes = 16 completions = 2 groups of 8, but each process holds half a group
-    text = "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nnum_generations: 8\nnum_processes: 4\n"
+    text = "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nnum_generations: 8\nnum_processes: 4\nmax_completion_length: 16\n"
     load_recipe([write(tmp_path, text)], for_run=False)
     with pytest.raises(RecipeError, match="dynamic_sampling"):
         load_recipe([write(tmp_path, text + "dynamic_sampling: true\n")], for_run=False)

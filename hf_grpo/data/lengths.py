@@ -47,28 +47,43 @@ def prompt_lengths(tokenizer, prompts: list, progress: bool | None = None) -> li
 
 
 def shortened(tokenizer, prompt, limit: int):
-    """The prompt with leading tokens cut until it fits ``limit``, in its own form: text keeps its tail; a chat prompt
-    keeps its template and earlier messages and loses the start of its last message. None when that cannot fit."""
+    """The prompt with tokens cut from its left until it fits ``limit``, in its own form: text keeps its tail; a chat
+    prompt keeps its messages and template and loses the start of its contents, the first message's first (the
+    system prompt goes before the question). None when even that cannot fit."""
     for _ in range(4):  # decoding and re-tokenizing can merge tokens differently: measure again
         excess = len(prompt_token_ids(tokenizer, prompt)) - limit
         if excess <= 0:
             return prompt
-        text = prompt if isinstance(prompt, str) else prompt[-1].get("content")
+        if isinstance(prompt, str):
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            prompt = tokenizer.decode(ids[excess:]) if excess < len(ids) else None
+        else:
+            prompt = _cut_messages(tokenizer, prompt, excess)
+        if prompt is None:
+            return None
+    return None
+
+
+def _cut_messages(tokenizer, messages: list[dict], excess: int) -> list[dict] | None:
+    """``messages`` with ``excess`` tokens cut from the start of their contents, first message first; None when the
+    contents hold fewer tokens than that (the template alone is too long) or are not text."""
+    cut = []
+    for message in messages:
+        text = message.get("content")
         if not isinstance(text, str):
             return None
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if excess >= len(ids):
-            return None
-        text = tokenizer.decode(ids[excess:])
-        prompt = text if isinstance(prompt, str) else [*prompt[:-1], {**prompt[-1], "content": text}]
-    return None
+        drop = min(excess, len(ids))
+        excess -= drop
+        cut.append({**message, "content": tokenizer.decode(ids[drop:]) if drop else text})
+    return None if excess > 0 else cut
 
 
 def fit_prompts(dataset, tokenizer, max_prompt_tokens: int, mode: str, name: str, progress: bool | None = None):
     """``(dataset, number dropped, number truncated)``: ``dataset`` with every prompt within ``max_prompt_tokens``.
 
     ``mode`` ``drop`` removes the long prompts' rows; ``truncate_left`` cuts each from the left (``shortened``) and
-    drops only those that cannot be cut to fit.
+    drops only those that cannot be cut to fit. A dataset left with no prompt at all is a ``ValueError``.
     """
     if mode not in LONG_PROMPTS:
         raise ValueError(f"long_prompts must be one of {', '.join(LONG_PROMPTS)}, got {mode!r}")
@@ -91,6 +106,11 @@ def fit_prompts(dataset, tokenizer, max_prompt_tokens: int, mode: str, name: str
         gone = set(dropped)
         dataset = dataset.select([i for i in range(len(lengths)) if i not in gone])
     truncated = len(long_rows) - len(dropped)
+    if len(dropped) == len(lengths):
+        raise ValueError(
+            f"{name}: every prompt is longer than {max_prompt_tokens} tokens (the context less max_completion_length, "
+            f"{mode}): raise generation.max_model_len, lower max_completion_length, or set long_prompts: truncate_left"
+        )
     logger.warning(
         "%s: %d of %d prompts are longer than %d tokens (the context less max_completion_length): %s",
         name,

@@ -12,7 +12,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from datasets import Dataset, load_dataset
+import pyarrow.compute as pc
+from datasets import Dataset, LargeList, List, Value, load_dataset
 from trl import ScriptArguments
 
 from ..rewards.grading import TASKS, check_gold_format, gsm8k_gold
@@ -83,10 +84,11 @@ class DataArguments(ScriptArguments):
             `math500` when training on `math`.
         eval_split_size (`float`, defaults to `0.0`):
             Fraction of the train split held out for evaluation when the dataset has no test split.
-        long_prompts (`str`, defaults to `"drop"`):
+        long_prompts (`str`, defaults to `"truncate_left"`):
             What to do with a prompt too long to leave `max_completion_length` tokens in the context
-            (`generation.max_model_len`, else the model's `max_position_embeddings`): `drop` its row or `truncate_left`
-            (cut its start: a chat prompt loses the start of its last message). Counted and logged before training.
+            (`generation.max_model_len`, else the model's `max_position_embeddings`): `truncate_left` (cut its start,
+            as TRL's old `max_prompt_length` did: a chat prompt keeps its messages and loses the start of their
+            contents, the system prompt's first) or `drop` its row. Counted and logged before training.
         max_train_samples (`int`, *optional*):
             Use at most this many training rows (after shuffling with the run seed).
         max_eval_samples (`int`, *optional*):
@@ -122,8 +124,8 @@ class DataArguments(ScriptArguments):
         default=0.0, metadata={"help": "Fraction of train held out for evaluation when there is no test split."}
     )
     long_prompts: str = field(
-        default="drop",
-        metadata={"help": "Prompts too long for the context: `drop` or `truncate_left`.", "choices": LONG_PROMPTS},
+        default="truncate_left",
+        metadata={"help": "Prompts too long for the context: `truncate_left` or `drop`.", "choices": LONG_PROMPTS},
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Cap on the number of evaluation rows."})
@@ -184,12 +186,63 @@ def format_prompt(question: str, args: DataArguments):
 
 
 def is_conversation(value) -> bool:
-    """Whether ``value`` is a prompt in TRL's conversational format: a list of ``{"role", "content"}`` messages."""
+    """Whether ``value`` is a prompt in TRL's conversational format: a list of ``{"role", "content"}`` messages (a text
+    role, a content that is not None)."""
     return (
         isinstance(value, list)
         and len(value) > 0
-        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and m.get("content") is not None for m in value)
     )
+
+
+def _describe(value) -> str:
+    """The type of a prompt value, as an error names it: ``dict with keys ['lang', 'text']``, ``list of str``..."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return f"dict with keys {sorted(value)}"
+    if isinstance(value, list):
+        kinds = sorted({"message" if is_conversation([v]) else type(v).__name__ for v in value})
+        return f"list of {', '.join(kinds)}" if value else "empty list"
+    return type(value).__name__
+
+
+def _is_text(feature) -> bool:
+    return isinstance(feature, Value) and feature.dtype in ("string", "large_string")
+
+
+def _valid_without_rows(raw: Dataset, column: str) -> bool:
+    """Whether the column's type alone shows every prompt valid: a string column without nulls, or a list of
+    ``{role: string, content}`` structs without a null or an empty list (no Python per row, for millions of rows).
+    Counts the stored table, a superset of the rows of a split. A ``Json`` column (a list of mixed objects) is not."""
+    feature, values = raw.features[column], raw.data.column(column)
+    if _is_text(feature):
+        return values.null_count == 0
+    message = feature.feature if isinstance(feature, (List, LargeList)) else None
+    if not (isinstance(message, dict) and _is_text(message.get("role")) and isinstance(message.get("content"), Value)):
+        return False
+    if values.null_count:
+        return False
+    messages = pc.list_flatten(values)  # a JSON file's rows share one struct: a missing key is a null
+    if messages.null_count or any(pc.struct_field(messages, key).null_count for key in ("role", "content")):
+        return False
+    return len(values) == 0 or pc.min(pc.list_value_length(values)).as_py() > 0
+
+
+def check_prompts(raw: Dataset, column: str, where: str, name: str) -> None:
+    """``ValueError`` naming the column, the first bad row and its type unless every prompt is a string or a list of
+    chat messages (TRL's formats); anything else would be stringified into the prompt."""
+    if _valid_without_rows(raw, column):
+        return
+    rows = raw.select_columns([column]).iter(batch_size=10_000)
+    for start, batch in zip(range(0, len(raw), 10_000), rows, strict=False):
+        for offset, value in enumerate(batch[column]):
+            if not isinstance(value, str) and not is_conversation(value):
+                raise ValueError(
+                    f"{where} data {name!r}: prompt_column {column!r}, row {start + offset}: the prompt is a "
+                    f"{_describe(value)}; a prompt must be a string or a list of chat messages "
+                    "({'role': ..., 'content': ...}): set prompt_column to such a column or convert the data"
+                )
 
 
 def local_builder(path: str) -> str:
@@ -264,6 +317,7 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
                 f"set {key} to one of them"
             )
     prompt_col, gold_col, task = spec["prompt_column"], spec["solution_column"], spec["task"]
+    check_prompts(raw, prompt_col, where, spec["name"])
 
     def readable(row) -> bool:
         if row[gold_col] is None:  # a null gold, which str() would make the answer "None"

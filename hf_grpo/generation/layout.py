@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import urllib.parse
 from dataclasses import dataclass, field
 
 
@@ -136,7 +137,7 @@ def trl_fields(gen: GenerationArguments, use_peft: bool) -> dict:
 
 def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, explicit_trl: set[str]) -> list[str]:
     """Problems with a ``generation:`` section, as messages naming the key and the fix."""
-    problems = []
+    problems = [] if gen.base_url is None else _url_problems(gen.base_url)
     if gen.backend is None:
         return problems
     clash = sorted(explicit_trl & {"use_vllm", "vllm_mode", "vllm_server_base_url"})
@@ -162,6 +163,24 @@ def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, expl
                 f"generation.gpus {gen.gpus} must list tensor_parallel_size x data_parallel_size = {count} GPUs"
             )
     return problems
+
+
+def _url_problems(url: str) -> list[str]:
+    """``generation.base_url`` is an http(s) URL with a host and a TCP port (a bad one hangs the run later)."""
+    fix = "write it as http://HOST:PORT, e.g. http://127.0.0.1:8000"
+    shown = repr(url) if len(url) <= 200 else f"{url[:180]!r}... ({len(url)} characters)"
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https"):
+        return [f"generation.base_url {shown} must start with http:// or https://; {fix}"]
+    try:
+        port = parsed.port  # None when absent: http's 80, https's 443
+    except ValueError:  # not a number, or above 65535
+        port = -1
+    if not parsed.hostname:
+        return [f"generation.base_url {shown} has no host; {fix}"]
+    if port is not None and not 1 <= port <= 65535:
+        return [f"generation.base_url {shown} has no valid port (a TCP port is in 1-65535); {fix}"]
+    return []
 
 
 def max_lora_rank(lora_r: int) -> int:

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from ..launch import Layout
 from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
 from ..rewards.grading import TASKS
 from .schema import BatchPlan, RecipeError, default_of
+from .values import clipped, shown
 
 
 # Whole segments of a variable name (HF_TOKEN, WANDB_API_KEY), so that TOKENIZERS_PARALLELISM is not a secret.
@@ -52,7 +54,7 @@ def check_env(env: Any, where: str) -> dict[str, str]:
         if SECRET_ENV.search(name):
             raise RecipeError(f"{where}: env.{name} looks like a secret; export it in the shell, not in a recipe")
         if isinstance(value, (dict, list)) or value is None:
-            raise RecipeError(f"{where}: env.{name} must be a string, number or boolean, got {value!r}")
+            raise RecipeError(f"{where}: env.{name} must be a string, number or boolean, got {shown(value)}")
     return {k: str(v) for k, v in env.items()}
 
 
@@ -61,12 +63,12 @@ def _check_dataset_file(key: str, name: Any, where: str) -> None:
         return
     if is_local_file(name):
         if not Path(name).expanduser().is_file():
-            raise RecipeError(f"{where}: {key}: local file {name!r} does not exist")
+            raise RecipeError(f"{where}: {key}: local file {shown(name)} does not exist")
         return
     suffix = os.path.splitext(name)[1].lower()
     if suffix in UNREADABLE_DATA_SUFFIXES or (suffix and Path(name).expanduser().is_file()):
         raise RecipeError(
-            f"{where}: {key}: {name!r} is a {suffix or 'local'} file, which cannot be read as a dataset; convert it "
+            f"{where}: {key}: {shown(name)} is a {suffix or 'local'} file, which cannot be read as a dataset; convert it "
             f"to one of {sorted(LOCAL_BUILDERS)} (one problem per row, with a problem and a gold answer column)"
         )
 
@@ -78,8 +80,28 @@ def _check_output_dir(output_dir: Any, where: str) -> None:
     path = Path(output_dir).expanduser()
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        what = "is an existing file" if existing == path else f"is under {str(existing)!r}, which is a file"
-        raise RecipeError(f"{where}: output_dir {output_dir!r} {what}; choose a directory path such as outputs/run")
+        what = "is an existing file" if existing == path else f"is under {shown(str(existing))}, which is a file"
+        raise RecipeError(
+            f"{where}: output_dir {shown(output_dir)} {what}; choose a directory path such as outputs/run"
+        )
+    if existing is not None and not _writable(existing):
+        where_not = "" if existing == path else f" (nearest existing folder: {shown(str(existing))})"
+        raise RecipeError(
+            f"{where}: output_dir {shown(output_dir)} cannot be written{where_not}; choose a directory you can write, "
+            "such as outputs/run"
+        )
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a folder can be made in ``directory``: its mode, then a probe folder made and removed at once (root
+    passes every mode check, but not /proc, /sys or a read-only mount)."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return False
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hf_grpo-write-check-", dir=directory))
+    except OSError:
+        return False
+    return True
 
 
 def check_files(values: dict, where: str, built_later: set[str] = frozenset()) -> None:
@@ -89,19 +111,19 @@ def check_files(values: dict, where: str, built_later: set[str] = frozenset()) -
     model = values.get("model_name_or_path")
     local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
     if local and model not in built_later and not Path(model).expanduser().exists():
-        raise RecipeError(f"{where}: model_name_or_path: local path {model!r} does not exist")
+        raise RecipeError(f"{where}: model_name_or_path: local path {shown(model)} does not exist")
     _check_output_dir(values.get("output_dir"), where)
     deepspeed = values.get("deepspeed")
     if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
-        raise RecipeError(f"{where}: deepspeed: config file {deepspeed!r} does not exist")
+        raise RecipeError(f"{where}: deepspeed: config file {shown(deepspeed)} does not exist")
     resume = values.get("resume_from_checkpoint")
     if isinstance(resume, str) and resume.lower() not in ("true", "auto") and not Path(resume).expanduser().exists():
-        raise RecipeError(f"{where}: resume_from_checkpoint: {resume!r} does not exist")
+        raise RecipeError(f"{where}: resume_from_checkpoint: {shown(resume)} does not exist")
     for name in values.get("reward_funcs") or []:
         try:
             resolve_reward(name)
         except RewardLoadError as exc:
-            raise RecipeError(f"{where}: {exc}") from None
+            raise RecipeError(f"{where}: {clipped(exc)}") from None
     kwargs = values.get("reward_kwargs") or {}
     unknown = set(kwargs) - set(values.get("reward_funcs") or RewardArguments().reward_funcs)
     if unknown:
@@ -126,7 +148,7 @@ def check_data(data: DataArguments, where: str) -> None:
         spec = data.resolved(None if name == data.dataset_name else name)
         if spec["task"] not in TASKS:
             raise RecipeError(
-                f"{where}: dataset {name!r} needs task: one of {list(TASKS)} (how gold answers are graded); "
+                f"{where}: dataset {shown(name)} needs task: one of {list(TASKS)} (how gold answers are graded); "
                 f"got {spec['task']!r}"
             )
         if not is_local_file(name):
@@ -136,7 +158,7 @@ def check_data(data: DataArguments, where: str) -> None:
             default = TRL_COLUMNS[key]  # a dataset in TRL's format: used when the data has the column
             if spec[key] is None and default not in columns:
                 raise RecipeError(
-                    f"{where}: dataset {name!r} has no {default!r} column (TRL's name), so set {key} to the column "
+                    f"{where}: dataset {shown(name)} has no {default!r} column (TRL's name), so set {key} to the column "
                     f"that holds it{f'; columns: {sorted(columns)}' if columns else ''}"
                 )
 
@@ -160,7 +182,7 @@ def check_sampling_metric(values: dict, rewards: RewardArguments, where: str) ->
     metric = values.get("dynamic_sampling_metric", "reward")
     if metric != "reward" and metric not in reward_names:
         raise RecipeError(
-            f"{where}: dynamic_sampling_metric {metric!r} is neither 'reward' nor one of the "
+            f"{where}: dynamic_sampling_metric {shown(metric)} is neither 'reward' nor one of the "
             f"reward_funcs {reward_names}"
         )
 
@@ -197,7 +219,7 @@ def check_intervals(values: dict, where: str) -> None:
         value = values.get(key, default_of(key))
         if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and value <= 0:
             raise RecipeError(
-                f"{where}: {key} must be > 0 with {strategy_key}: steps, got {value!r}; set {key} to a number of "
+                f"{where}: {key} must be > 0 with {strategy_key}: steps, got {shown(value)}; set {key} to a number of "
                 f"steps (or a fraction of the run below 1), or set {strategy_key}: 'no'"
             )
 

@@ -1,5 +1,5 @@
 """The checks that depend on this machine and its environment: trackers installed, what a push to the Hub needs,
-datasets reachable offline, LoRA targets that exist in the model's config on disk, and the hardware."""
+datasets reachable offline, LoRA targets and sizes that fit the model's config on disk, and the hardware."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from ..tokens import env_token
 from .schema import RecipeError, key_defaults
 
 
+TINY_CONTEXT = 256  # max_position_embeddings of the embedded tiny model (hf_grpo.tiny.build_model)
+LONG_MAX_MODEL_LEN = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"  # vLLM's switch for a max_model_len over the model's context
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "azure_ml": "azureml-core", "flyte": "flytekit"}
 
 
@@ -100,18 +102,27 @@ def check_offline(data: DataArguments, env: dict[str, str], where: str) -> None:
         )
 
 
+def _local_config(model: ModelArguments, trust_remote_code: bool):
+    """The policy's config from this machine's files; None when it is not there (a hub model not yet downloaded)."""
+    try:
+        return AutoConfig.from_pretrained(
+            model.model_name_or_path,
+            revision=model.model_revision,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+        )
+    except (OSError, ValueError):  # not downloaded (or needs remote code): checked when the model loads
+        return None
+
+
 def _module_names(model: ModelArguments, trust_remote_code: bool) -> dict[str, bool] | None:
     """The module names of the policy (name -> whether it is a leaf), built on the meta device from its config (no
     weights); None when its config is not on this machine (a hub model not yet downloaded)."""
-    name = model.model_name_or_path
-    if name == "tiny":
+    if model.model_name_or_path == "tiny":
         config = Qwen2Config(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
     else:
-        try:
-            config = AutoConfig.from_pretrained(
-                name, revision=model.model_revision, local_files_only=True, trust_remote_code=trust_remote_code
-            )
-        except (OSError, ValueError):  # not downloaded (or needs remote code): checked when the model loads
+        config = _local_config(model, trust_remote_code)
+        if config is None:
             return None
     try:
         with init_empty_weights():
@@ -148,6 +159,64 @@ def check_lora_targets(model: ModelArguments, values: dict, where: str, built_la
         raise RecipeError(
             f"{where}: lora_target_modules: {missing} match no module of {model.model_name_or_path}; {hint}its "
             f"layers are {leaves}, or write lora_target_modules: all-linear"
+        )
+
+
+def _contexts(model: ModelArguments, trust_remote_code: bool) -> tuple[int, int] | None:
+    """(max_position_embeddings, the longest max_model_len vLLM allows: that times a rope scaling factor) of the
+    policy; None when its config cannot be read here."""
+    if model.model_name_or_path == "tiny":
+        return TINY_CONTEXT, TINY_CONTEXT
+    config = _local_config(model, trust_remote_code)
+    config = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    context = getattr(config, "max_position_embeddings", None)
+    if not isinstance(context, int) or context < 1:
+        return None
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind, factor = scaling.get("rope_type", scaling.get("type")), scaling.get("factor")
+    if kind in ("su", "longrope", "llama3") or not isinstance(factor, (int, float)) or factor < 1:
+        return context, context  # vLLM's rule (_get_and_verify_max_len): these already count the scaling
+    base = scaling.get("original_max_position_embeddings", context) if kind == "yarn" else context
+    return context, int(base * factor)
+
+
+def check_sizes(
+    model: ModelArguments, values: dict, generation: GenerationArguments, env: dict, where: str, built_later: set
+) -> None:
+    """Prompt + completion fit the model's context (its config, read without loading weights), as
+    ``hf_grpo.data.lengths.prompt_budget`` checks again once the tokenizer loads; a miniature's model is built later
+    and a config not on this machine is skipped."""
+    if model.model_name_or_path in built_later:
+        return
+    contexts = _contexts(model, bool(values.get("trust_remote_code")))
+    if contexts is None:
+        return
+    context, longest = contexts
+    source = f"max_position_embeddings {context} in the config of {model.model_name_or_path}"
+    given = {
+        "generation.max_model_len": generation.max_model_len,
+        "vllm_max_model_length": values.get("vllm_max_model_length"),
+    }
+    lengths = {key: value for key, value in given.items() if value is not None}
+    for key, value in lengths.items():
+        if value > longest and not _is_set(LONG_MAX_MODEL_LEN, env):
+            raise RecipeError(
+                f"{where}: {key} {value} is longer than the model's context ({source}), which vLLM refuses: set "
+                f"{key} to {longest} or less (or remove it), or export {LONG_MAX_MODEL_LEN}=1 if the model "
+                "handles longer inputs"
+            )
+    completion = values.get("max_completion_length")
+    if completion is None:  # TRL's default (512) with the tiny model's 256 is refused when the data loads
+        return
+    if not values.get("use_vllm"):  # TRL's own key counts only with TRL's vLLM
+        lengths.pop("vllm_max_model_length", None)
+    if lengths:  # as the run measures prompts: the engine's length replaces the model's
+        key = min(lengths, key=lengths.get)
+        context, source = lengths[key], key
+    if completion >= context:
+        raise RecipeError(
+            f"{where}: max_completion_length {completion} leaves no room for a prompt in a context of {context} "
+            f"tokens ({source}): lower max_completion_length below {context}"
         )
 
 

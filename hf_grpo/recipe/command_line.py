@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from .schema import NESTED, RecipeError, field_index, nested_index
-from .values import check_nested, check_value, coerce
+from .values import check_nested, check_value, coerce, shown
 from .yaml12 import load_yaml
 
 
@@ -35,10 +35,12 @@ def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[
         if not arg.startswith("--"):
             if arg == "-h":
                 flags.add("help")
+            elif arg.startswith("-") and len(arg) > 1:  # a flag is never a path
+                raise RecipeError(f"unknown option {shown(arg)}; options look like --key value (see --help)")
             elif path is None:
                 path = arg
             else:
-                raise RecipeError(f"unexpected argument {arg!r}; options look like --key value")
+                raise RecipeError(f"unexpected argument {shown(arg)}; options look like --key value")
             i += 1
             continue
         name, eq, value = arg[2:].partition("=")
@@ -47,9 +49,12 @@ def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[
             flags.add(name)
         elif name == "config":
             if not eq:
-                if i + 1 >= len(argv):
-                    raise RecipeError("--config needs a recipe path")
-                value, i = argv[i + 1], i + 1
+                value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
+            if not value or value.startswith("-"):  # `--config --dry-run`: a flag is never a path
+                raise RecipeError(
+                    f"--config needs a recipe file, got {shown(value) if value else 'nothing'}; write --config "
+                    "recipes/tiny.yaml (or the recipe path alone)"
+                )
             path = value
         elif eq:
             overrides[name] = value
@@ -79,7 +84,7 @@ def _parse_override(key: str, raw: str | None, hint: Any = None) -> Any:
         takes_collection = hint is not None and (coerce([], hint)[0] or coerce({}, hint)[0])
         if takes_collection and raw.lstrip().startswith(("[", "{")):
             raise RecipeError(
-                f"command line --{key}: {raw!r} is not a valid YAML list or mapping ({getattr(exc, 'problem', exc)}); "
+                f"command line --{key}: {shown(raw)} is not a valid YAML list or mapping ({getattr(exc, 'problem', exc)}); "
                 f"write it as --{key} '[a, b]'"
             ) from None
         return raw

@@ -19,7 +19,7 @@ from . import checks, checks_env
 from .command_line import apply_overrides, split_argv
 from .plan import batch_plan
 from .schema import NESTED, SECTIONS, BatchPlan, Recipe, RecipeError, field_index, key_defaults, section_values
-from .values import check_known_keys, check_nested, check_value
+from .values import check_known_keys, check_nested, check_value, clipped
 from .yaml12 import read_yaml
 
 
@@ -56,6 +56,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     _check_built(values, env, miniature, plan, model, data_args, rewards, built_later, where)
     generation = GenerationArguments(**nested["generation"])
     checks.check_generation_section(generation, model, values, where)
+    checks_env.check_sizes(model, values, generation, env, where, built_later)
     checks.check_precision(model, layout, where)
     hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run, where)
     training = _training_config(values, plan, generation, model.use_peft, layout, for_run, where)
@@ -141,7 +142,7 @@ def _swap_in_miniature(values: dict, nested: dict, fixed: set, sources: dict, wh
     try:
         values, nested["generation"], miniature = miniaturize(values, nested["generation"], fixed)
     except ValueError as exc:
-        raise RecipeError(f"{where}: --miniature: {exc}") from None
+        raise RecipeError(f"{where}: --miniature: {clipped(exc)}") from None
     sources.update({swap.key: "--miniature" for swap in miniature.swaps})
     return values, miniature
 
@@ -151,7 +152,7 @@ def _build(section: str, values: dict, where: str):
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise RecipeError(f"{where}: {exc}") from None
+        raise RecipeError(f"{where}: {clipped(exc)}") from None
 
 
 def _build_model(values: dict, where: str) -> ModelArguments:
@@ -168,7 +169,7 @@ def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None
     try:
         layout = resolve_layout(launch, base_dir)
     except FileNotFoundError as exc:
-        raise RecipeError(f"{where}: {exc}") from None
+        raise RecipeError(f"{where}: {clipped(exc)}") from None
     if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
         layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     return layout
@@ -199,7 +200,7 @@ def _training_config(
     try:
         return HfGRPOConfig(**training_values)
     except (ValueError, TypeError) as exc:
-        raise RecipeError(f"{where}: {exc}") from None
+        raise RecipeError(f"{where}: {clipped(exc)}") from None
 
 
 def _validation_training_values(values: dict, plan: BatchPlan) -> dict:

@@ -8,6 +8,7 @@ import difflib
 import enum
 import math
 import re
+import reprlib
 import types
 import typing
 from typing import Any
@@ -64,6 +65,34 @@ DOMAINS = {
 }  # fmt: skip
 
 
+# What an error message echoes of a value: a few items of each list or mapping, a few levels deep, never the whole of
+# a huge value (an alias bomb's repr is hundreds of megabytes).
+SHOWN_CHARS = 200
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 8, 8, 8, 8
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, shortened to about ``SHOWN_CHARS`` characters."""
+    if isinstance(value, str):
+        if len(value) <= SHOWN_CHARS:
+            return repr(value)
+        return f"{value[: SHOWN_CHARS - 20]!r}... ({len(value)} characters)"
+    text = _REPR.repr(value)
+    if len(text) > SHOWN_CHARS:
+        text = text[:SHOWN_CHARS] + "..."
+    if isinstance(value, (list, tuple, dict, set)) and "..." in text:
+        text += f" ({len(value)} items)"
+    return text
+
+
+def clipped(message: Any, limit: int = 4 * SHOWN_CHARS) -> str:
+    """Another library's error text, shortened as ``shown`` shortens a value (it may quote a huge value whole)."""
+    text = str(message)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _inside(value: float, domain: tuple) -> bool:
     low, low_in, high, high_in = domain
     above = value >= low if low_in else value > low
@@ -85,7 +114,9 @@ def _check_domain(key: str, value: Any, default: Any, where: str) -> None:
     """Refuse a number outside the key's domain (NaN and infinities included), before anything is built."""
     for number in value if isinstance(value, list) else [value]:
         if isinstance(number, float) and not math.isfinite(number):
-            raise RecipeError(f"{where}: {key} must be a finite number, got {number!r}; write a number such as 1.0")
+            raise RecipeError(
+                f"{where}: {key} must be a finite number, got {shown(number)}; write a number such as 1.0"
+            )
     domain = DOMAINS.get(key)
     if domain is None or not _is_number(value) or _inside(value, domain):
         return
@@ -94,7 +125,7 @@ def _check_domain(key: str, value: Any, default: Any, where: str) -> None:
         fix = f"set {key}: {default!r} (its default) or another value {rule}"
     else:
         fix = f"set a value {rule}, or remove {key}"
-    raise RecipeError(f"{where}: {key} must be {rule}, got {value!r}; {fix}")
+    raise RecipeError(f"{where}: {key} must be {rule}, got {shown(value)}; {fix}")
 
 
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -161,7 +192,7 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: st
         raise RecipeError(f"{where}: {key} must not be set in a recipe; export HF_TOKEN in the environment instead")
     ok, coerced = coerce(value, hint)
     if not ok and isinstance(value, str) and coerce(1.0, hint)[0] and _non_finite_text(value):
-        raise RecipeError(f"{where}: {key} must be a finite number, got {value!r}; set a finite {key}")
+        raise RecipeError(f"{where}: {key} must be a finite number, got {shown(value)}; set a finite {key}")
     if not ok:
         hint_text = ""
         if isinstance(value, bool) and coerce("x", hint)[0]:
@@ -169,23 +200,45 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: st
                 f" (YAML reads an unquoted yes/no/true/false as a boolean; write {key}: '{str(value).lower()}')"
             )
         raise RecipeError(
-            f"{where}: {key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__}){hint_text}"
+            f"{where}: {key} must be {_type_name(hint)}, got {shown(value)} ({type(value).__name__}){hint_text}"
         )
     enums = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)]
     choices = f.metadata.get("choices") or KNOWN_CHOICES.get(key)
     if enums and isinstance(coerced, str):  # `IntervalStrategy | str` accepts any string, TrainingArguments does not
         choices = [m.value for m in enums[0]]
     if choices is not None and coerced is not None and coerced not in choices:
-        raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {coerced!r}")
+        raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {shown(coerced)}")
     _check_domain(key, coerced, f.default, where)
+    if key in FORMATS and isinstance(coerced, str):
+        FORMATS[key](key, coerced, where)
     return coerced
+
+
+# The Hub's repository ids (huggingface_hub.utils.validate_repo_id): `name` or `namespace/name`.
+HUB_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]{1,96}$", re.ASCII)
+
+
+def _check_hub_id(key: str, value: str, where: str) -> None:
+    """A Hub repository id, checked now rather than at the push after training."""
+    bad = not HUB_ID.match(value) or "--" in value or ".." in value or value.endswith(".git")
+    if bad or any(part.startswith(("-", ".")) or part.endswith(("-", ".")) for part in value.split("/")):
+        raise RecipeError(
+            f"{where}: {key} {shown(value)} is not a Hub repository id; write name or namespace/name with letters, "
+            "digits, '-', '_' and '.' (e.g. your-name/qwen7b-grpo)"
+        )
+
+
+# Format checks of string values, by key.
+FORMATS = {"hub_model_id": _check_hub_id}
 
 
 def check_nested(section: str, key: str, value: Any, where: str) -> Any:
     """``check_value`` for ``section.key`` of a nested section (``generation.backend``)."""
     known = nested_index(section)
     if not isinstance(key, str):
-        raise RecipeError(f"{where}: key {key!r} in {section} is not a name; see `python -m hf_grpo.train --help`")
+        raise RecipeError(
+            f"{where}: key {shown(key)} in {section} is not a name; see `python -m hf_grpo.train --help`"
+        )
     if key not in known:
         raise RecipeError(f"{where}: unknown key {section}.{key}{did_you_mean(key, known)}")
     f, hint = known[key]

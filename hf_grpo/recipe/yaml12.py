@@ -1,5 +1,5 @@
-"""The YAML dialect of recipes: YAML 1.2 scalars and no duplicate keys (``load_yaml``), and reading a recipe file
-(``read_yaml``) with a ``RecipeError`` for every way it can be unreadable."""
+"""The YAML dialect of recipes: YAML 1.2 scalars, merge keys, no duplicate keys and no alias bombs (``load_yaml``),
+and reading a recipe file (``read_yaml``) with a ``RecipeError`` for every way it can be unreadable."""
 
 from __future__ import annotations
 
@@ -10,25 +10,90 @@ from pathlib import Path
 import yaml
 
 from .schema import RecipeError
+from .values import shown
+
+
+MERGE = "tag:yaml.org,2002:merge"
+# A recipe holds tens of values; aliases can make a few lines stand for billions ("billion laughs").
+MAX_VALUES = 100_000
+
+
+class _Recursive(Exception):
+    """A node that contains itself through an alias."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """How many nodes ``node`` stands for once its aliases are expanded (at most ``MAX_VALUES + 1``)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        raise _Recursive
+    open_nodes.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    size = 1
+    for child in children:
+        size = min(size + _expanded_size(child, sizes, open_nodes), MAX_VALUES + 1)
+    open_nodes.discard(id(node))
+    sizes[id(node)] = size
+    return size
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse an alias bomb or a value that contains itself, naming the top-level key that holds it."""
+    pairs = root.value if isinstance(root, yaml.MappingNode) else [(None, root)]
+    sizes, total = {}, 0
+    for key_node, value_node in pairs:
+        name = f"{key_node.value[:80]}: " if isinstance(key_node, yaml.ScalarNode) else ""
+        try:
+            total += _expanded_size(value_node, sizes, set())
+        except _Recursive:
+            problem = f"{name}the value contains itself through an alias; write it out without the alias"
+            raise yaml.constructor.ConstructorError(None, None, problem, value_node.start_mark) from None
+        if total > MAX_VALUES:
+            problem = (
+                f"{name}its aliases expand to more than {MAX_VALUES} values (an alias bomb); a recipe is a few "
+                "dozen values: write them out"
+            )
+            raise yaml.constructor.ConstructorError(None, None, problem, value_node.start_mark)
 
 
 class RecipeLoader(yaml.SafeLoader):
     """YAML 1.2 scalars: only true/false are booleans (``eval_strategy: no`` stays the string "no"), and ``1e-6``
     is a float (PyYAML's YAML 1.1 rules would read it as a string). A key given twice in one mapping is an error
-    (PyYAML keeps the last one silently)."""
+    (PyYAML keeps the last one silently); merge keys (``<<: *base``) are read as ``yaml.safe_load`` reads them, the
+    mapping's own keys winning. A document that aliases expand past ``MAX_VALUES`` values is refused."""
+
+    def construct_document(self, node):
+        _check_expansion(node)
+        return super().construct_document(node)
+
+    def _check_duplicates(self, node: yaml.MappingNode) -> None:
+        seen = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == MERGE:  # the merged mappings' own keys, before flatten_mapping mixes them in
+                merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for mapping in merged:
+                    if isinstance(mapping, yaml.MappingNode):
+                        self._check_duplicates(mapping)
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {shown(key)} (also on line {seen[key]}); keep one", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            seen = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                line = key_node.start_mark.line + 1
-                if isinstance(key, typing.Hashable) and key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (also on line {seen[key]}); keep one", key_node.start_mark
-                    )
-                if isinstance(key, typing.Hashable):
-                    seen[key] = line
+            self._check_duplicates(node)
+            self.flatten_mapping(node)
         return super().construct_mapping(node, deep=deep)
 
 
@@ -51,14 +116,19 @@ RecipeLoader.add_implicit_resolver(
 
 
 def load_yaml(text_or_stream):
-    return yaml.load(text_or_stream, Loader=RecipeLoader)
+    try:
+        return yaml.load(text_or_stream, Loader=RecipeLoader)
+    except RecursionError:
+        raise yaml.YAMLError("values nested too deeply (hundreds of levels); a recipe value is a few levels") from None
 
 
 def _read_text(path: Path) -> str:
     if path.is_dir():
-        raise RecipeError(f"recipe path {str(path)!r} is a directory; pass a recipe file such as {path}/tiny.yaml")
+        raise RecipeError(
+            f"recipe path {shown(str(path))} is a directory; pass a recipe file such as {path}/tiny.yaml"
+        )
     if not path.is_file():
-        raise RecipeError(f"recipe file {str(path)!r} does not exist; pass a path such as recipes/tiny.yaml")
+        raise RecipeError(f"recipe file {shown(str(path))} does not exist; pass a path such as recipes/tiny.yaml")
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -87,5 +157,7 @@ def read_yaml(path: Path) -> dict:
         raise RecipeError(f"{path}: a recipe must be a mapping of key: value, got {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
-            raise RecipeError(f"{path}: key {key!r} is not a name; recipe keys are field names such as learning_rate")
+            raise RecipeError(
+                f"{path}: key {shown(key)} is not a name; recipe keys are field names such as learning_rate"
+            )
     return data

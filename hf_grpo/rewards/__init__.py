@@ -22,7 +22,7 @@ from typing import Any
 
 from .functions import REWARD_FUNCS, TRL_FACTORY_REWARDS, completion_text
 from .grading import GRADES, grade
-from .wrapper import RewardIsolationError, RewardPool, is_async, isolate, reward_modules
+from .wrapper import CheckedReward, RewardIsolationError, RewardPool, is_async, isolate, reward_modules
 
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,9 @@ class RewardArguments:
             `think_format_reward`, `get_soft_overlong_punishment`, ...; a built-in name wins over a TRL one spelled
             the same), or your own as `module.path:function` or `module.path.function` (`trl.rewards.accuracy_reward`
             works too). A reward is called like TRL calls reward functions: `fn(prompts=..., completions=...,
-            completion_ids=..., **dataset_columns)`, returning one float or None per completion.
+            completion_ids=..., **dataset_columns)`, returning one number (or bool) or None per completion, as a list or
+            a 1-D numpy array or tensor (what TRL accepts); another return (a string, a dict, a 2-D array, the wrong
+            length) gives no reward for the call, is counted in `rewards/<name>/errors` and named in one warning.
         reward_kwargs (`dict`, *optional*):
             Keyword arguments per reward name, e.g. `{soft_overlong: {max_completion_len: 512, cache: 128}}`.
         reward_isolation (`bool`, defaults to `True`):
@@ -242,7 +244,7 @@ def load_reward_funcs(args: RewardArguments) -> list[Callable]:
         fn = resolve_reward(name)
         resolved.append((name, fn, functools.partial(fn, **kwargs[name]) if name in kwargs else fn))
     if not args.reward_isolation:
-        return [_in_process(name, fn, bound) for name, fn, bound in resolved]
+        return [_in_process(name, fn, bound, args.reward_max_failed_calls) for name, fn, bound in resolved]
 
     to_isolate = [(name, fn, bound) for name, fn, bound in resolved if not is_async(fn)]
     pool = (
@@ -255,7 +257,7 @@ def load_reward_funcs(args: RewardArguments) -> list[Callable]:
         for name, fn, bound in resolved:
             if is_async(fn):
                 logger.info("reward %r is async: it runs in the training process, as TRL runs it (not isolated)", name)
-                funcs.append(_in_process(name, fn, bound))
+                funcs.append(_in_process(name, fn, bound, args.reward_max_failed_calls))
                 continue
             try:
                 funcs.append(
@@ -276,8 +278,11 @@ def load_reward_funcs(args: RewardArguments) -> list[Callable]:
     return funcs
 
 
-def _in_process(name: str, fn: Callable, bound: Callable) -> Callable:
-    """A reward called in the training process, as TRL calls it, with ``__name__`` set for its metrics."""
+def _in_process(name: str, fn: Callable, bound: Callable, max_failed_calls: int) -> Callable:
+    """A reward called in the training process, as TRL calls it, with ``__name__`` set for its metrics. A user's
+    (not async, not built in) is a ``CheckedReward``: what it returns is checked as an isolated reward's is."""
+    if not is_async(fn) and fn not in REWARD_FUNCS.values():
+        return CheckedReward(bound, reward_name(name), max_failed_calls)
     if bound is not fn:
         bound = functools.update_wrapper(bound, fn)
     bound.__name__ = reward_name(name)

@@ -90,12 +90,39 @@ def _score_one(reward_fn: Callable, context: dict, /, **kwargs) -> tuple[float |
         extras[column].extend(values)
 
     out = reward_fn(**context, **kwargs, log_metric=log_metric, log_extra=log_extra)
-    if not isinstance(out, (list, tuple)) or len(out) != 1:
-        raise TypeError(f"a reward function must return a list with one reward per completion, got {out!r:.200}")
-    value = out[0]
-    if value is not None and not isinstance(value, numbers.Real):
-        raise TypeError(f"a reward must be a number or None, got {type(value).__name__} {value!r:.200}")
-    return (None if value is None else float(value)), dict(metrics), dict(extras)
+    return reward_values(out, 1)[0], dict(metrics), dict(extras)
+
+
+RETURNS = "a reward function must return a list (or a 1-D numpy array or tensor) with one reward per completion"
+
+
+def reward_values(out: Any, n: int) -> list[float | None]:
+    """What a reward function returned for ``n`` completions as floats and None, accepting what TRL accepts (it makes
+    ``torch.tensor(out, dtype=torch.float32)``, None as NaN): a list or tuple, a 1-D numpy array or tensor, of
+    numbers (bools, numpy scalars, 0-d tensors) or None. Anything else is a ``TypeError`` naming its type (not its
+    values, so the same mistake is one message: logged once)."""
+    ndim = getattr(out, "ndim", None)
+    if isinstance(ndim, int) and hasattr(out, "tolist"):  # a numpy array or a torch tensor
+        if ndim != 1:
+            raise TypeError(f"{RETURNS}, got a {ndim}-D {type(out).__name__}")
+        out = out.tolist()
+    elif not isinstance(out, (list, tuple)):
+        raise TypeError(f"{RETURNS}, got a {type(out).__name__}")
+    if len(out) != n:
+        raise TypeError(f"{RETURNS}, got {len(out)} rewards for {n} completion{'s' if n != 1 else ''}")
+    return [_reward_value(value) for value in out]
+
+
+def _reward_value(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real):  # bool, int, float, numpy's float and int scalars
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # np.bool_, a 0-d array or tensor
+        item = value.item()
+        if isinstance(item, numbers.Real):
+            return float(item)
+    raise TypeError(f"a reward must be a number (or a bool) or None, got a {type(value).__name__}")
 
 
 def state_snapshot(state) -> types.SimpleNamespace:
@@ -297,6 +324,53 @@ class IsolatedCorrectness(IsolatedReward):
         return [(1.0 if r.value == "correct" else 0.0) if r.ok else None for r in checked]
 
 
+class CheckedReward:
+    """A reward called in the training process (``reward_isolation: false``), its return read as TRL reads it
+    (``reward_values``: a list or a 1-D array or tensor comes back a list of floats and None).
+
+    A return TRL cannot use (a string, a dict, a 2-D array, the wrong length) gives no reward for the call (None per
+    completion) instead of a crash or a silent misreading (TRL iterates a dict's keys), is logged once naming its
+    type and counted in ``rewards/<name>/errors``; ``max_failed_calls`` such calls in a row raise
+    ``RewardFailedError``, as an isolated reward does."""
+
+    def __init__(self, fn: Callable, name: str, max_failed_calls: int = DEFAULT_MAX_FAILED_CALLS):
+        self.fn = fn
+        self.max_failed_calls = max_failed_calls
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = getattr(_unwrap(fn), "__doc__", None)
+        self._reported: set[str] = set()
+        self._failed_calls = 0
+
+    def __repr__(self) -> str:
+        return f"CheckedReward({self.__name__!r})"
+
+    def __call__(self, *args, **kwargs) -> list[float | None]:
+        n = len(kwargs["completions"] if "completions" in kwargs else args[0])
+        out = self.fn(*args, **kwargs)  # the reward's own exceptions propagate, as under TRL
+        try:
+            rewards, error = reward_values(out, n), None
+        except TypeError as exc:
+            rewards, error = [None] * n, f"TypeError: {exc}"
+        if kwargs.get("log_metric") is not None:
+            kwargs["log_metric"](f"rewards/{self.__name__}/errors", float(n if error else 0))
+        self._failed_calls = self._failed_calls + 1 if error else 0
+        if error and self._failed_calls >= self.max_failed_calls:
+            raise RewardFailedError(
+                f"reward {self.__name__!r} returned what TRL cannot use in {self._failed_calls} consecutive calls "
+                f"({self.max_failed_calls} allowed: reward_max_failed_calls): {error}"
+            )
+        if error and error not in self._reported:
+            self._reported.add(error)
+            logger.warning(
+                "reward %r failed: %s; its %d completions get no reward (counted in rewards/%s/errors)",
+                self.__name__,
+                error,
+                n,
+                self.__name__,
+            )
+        return rewards
+
+
 def is_async(fn: Callable) -> bool:
     """Whether calling ``fn`` (a function, a partial of one, or a callable object) returns a coroutine."""
     base = _unwrap(fn)
@@ -357,6 +431,7 @@ def reward_modules(fns: Sequence[Callable]) -> list[str]:
 
 __all__ = [
     "NOT_SENT",
+    "CheckedReward",
     "IsolatedCorrectness",
     "IsolatedReward",
     "Result",
@@ -366,4 +441,5 @@ __all__ = [
     "is_async",
     "isolate",
     "reward_modules",
+    "reward_values",
 ]

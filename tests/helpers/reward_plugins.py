@@ -150,3 +150,65 @@ def kills_fork_server(completions, **kwargs) -> list[float]:
 def nan_for_odd_lengths(completions, **kwargs) -> list[float]:
     """NaN for a completion of odd length (a reward that means "cannot score" with NaN instead of None), else 1.0."""
     return [math.nan if len(_text(c)) % 2 else 1.0 for c in completions]
+
+
+# Issue 21 #10: the return types TRL accepts (it does ``torch.tensor(rewards, dtype=torch.float32)``) and some it
+# does not. ``as_list`` is the reference: one Python float per completion (its length mod 3, minus 0.5).
+def as_list(completions, **kwargs) -> list[float]:
+    """``len(completion) % 3 - 0.5`` per completion, as Python floats."""
+    return [len(_text(c)) % 3 - 0.5 for c in completions]
+
+
+def as_bools(completions, **kwargs) -> list[bool]:
+    """Python bools: whether the completion's length is even."""
+    return [len(_text(c)) % 2 == 0 for c in completions]
+
+
+def as_numpy_bools(completions, **kwargs):
+    """``as_bools`` as ``np.bool_`` values in a list."""
+    import numpy as np
+
+    return [np.bool_(v) for v in as_bools(completions)]
+
+
+def as_numpy_float32s(completions, **kwargs):
+    """``as_list`` as a list of ``np.float32``."""
+    import numpy as np
+
+    return [np.float32(v) for v in as_list(completions)]
+
+
+def as_numpy_array(completions, **kwargs):
+    """``as_list`` as a 1-D numpy array."""
+    import numpy as np
+
+    return np.array(as_list(completions))
+
+
+def as_tensor(completions, **kwargs):
+    """``as_list`` as a 1-D torch tensor."""
+    import torch
+
+    return torch.tensor(as_list(completions))
+
+
+def as_2d_array(completions, **kwargs):
+    """``as_list`` as a column, a 2-D array of shape (n, 1): not one reward per completion."""
+    import numpy as np
+
+    return np.array(as_list(completions)).reshape(-1, 1)
+
+
+def as_string(completions, **kwargs) -> str:
+    """A string of digits, one per completion: iterable and of the right length, but not numbers."""
+    return "1" * len(completions)
+
+
+def as_dict(completions, **kwargs) -> dict:
+    """``{index: reward}``: the right length, but not a list."""
+    return dict(enumerate(as_list(completions)))
+
+
+def one_too_many(completions, **kwargs) -> list[float]:
+    """One reward more than there are completions."""
+    return [*as_list(completions), 0.0]

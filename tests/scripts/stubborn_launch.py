@@ -41,13 +41,15 @@ def main() -> int:
     args = parser.parse_args()
     launch.STOP_GRACE_S = launch.WATCHDOG_GRACE_S = 2.0
     commands = [launch.Command("train", {}, [sys.executable, "-c", "pass" if args.finish else LAUNCH])]
-    recipe = SimpleNamespace()
+    recipe = SimpleNamespace(training=SimpleNamespace(output_dir=None), layout=SimpleNamespace(num_processes=1))
     if args.server:
         port = launch.free_port()
         server = [sys.executable, "-c", SERVER, str(port)]
         commands.insert(0, launch.Command("server", {}, server, url=f"http://127.0.0.1:{port}"))
         recipe = SimpleNamespace(
-            training=SimpleNamespace(output_dir=args.server), generation=SimpleNamespace(server_timeout=30)
+            training=SimpleNamespace(output_dir=args.server),
+            generation=SimpleNamespace(server_timeout=30),
+            layout=recipe.layout,
         )
     launch.plan_commands = lambda recipe, argv: commands
     print("launched", flush=True)

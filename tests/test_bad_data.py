@@ -1,0 +1,81 @@
+"""Bad data (issue 21 #7): a prompt column that holds neither text nor chat messages stops the run at data load with
+exit 2 and one line naming the column, the row and the type, instead of training on stringified prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
+from hf_grpo.train import main
+
+from .helpers.common import REPO
+
+
+TINY = str(REPO / "recipes" / "tiny.yaml")
+GOOD = {"q": "What is 0 + 0?", "a": "#### 0"}
+
+MESSAGES = [{"role": "user", "content": "What is 1 + 1?"}]
+
+# (case id, the prompts of the rows (a JSON column has one type per file), the bad row, what the line names)
+BAD_PROMPTS = [
+    ("dict", [{"text": "What is 0 + 0?", "lang": "en"}] * 3, 0, "dict with keys ['lang', 'text']"),
+    ("int", [7, 8, 9], 0, "is a int"),
+    ("float", [7.5], 0, "is a float"),
+    ("list-of-strings", [["What is", "0 + 0?"]] * 2, 0, "list of str"),
+    ("message-without-role", [MESSAGES, MESSAGES, [{"text": "What is 0 + 0?"}]], 2, "list of dict"),
+    ("empty-list", [MESSAGES, []], 1, "empty list"),
+    ("null-in-chat", [MESSAGES, None], 1, "is a null"),
+]
+
+
+def write_jsonl(path, prompts: list) -> str:
+    path.write_text("".join(json.dumps({**GOOD, "q": p}) + "\n" for p in prompts))
+    return str(path)
+
+
+@pytest.mark.parametrize(("prompts", "row", "named"), [c[1:] for c in BAD_PROMPTS], ids=[c[0] for c in BAD_PROMPTS])
+def test_a_prompt_that_is_not_text_or_messages_exits_2(prompts, row, named, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "bad.jsonl", prompts)
+    argv = [TINY, "--dataset_name", data, "--prompt_column", "q", "--solution_column", "a", "--task", "gsm8k"]
+    argv += ["--max_steps", "1", "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    line = lines[0]
+    assert f"prompt_column 'q', row {row}:" in line and named in line, line
+    assert "a prompt must be a string or a list of chat messages" in line, line
+    assert not (tmp_path / "run" / "base_model").exists()  # refused before the model was built
+
+
+def test_a_null_prompt_in_a_text_column_is_refused():
+    """A string column needs no per-row check, but a null in it would become the prompt "None"."""
+    args = DataArguments(dataset_name="x.jsonl", prompt_column="q", solution_column="a", task="gsm8k")
+    from datasets import Dataset
+
+    from hf_grpo.data.loaders import _to_grpo
+
+    raw = Dataset.from_list([GOOD, {**GOOD, "q": None}, GOOD])
+    with pytest.raises(ValueError, match=r"prompt_column 'q', row 1: the prompt is a null"):
+        _to_grpo(raw, args, args.resolved(), "train")
+
+
+@pytest.mark.parametrize("system", [False, True])
+def test_chat_format_jsonl_still_loads(system, tmp_path):
+    messages = [{"role": "user", "content": "What is 0 + 0?"}]
+    if system:
+        messages.insert(0, {"role": "system", "content": "Answer after ####."})
+    data = write_jsonl(tmp_path / "chat.jsonl", [messages] * 4)
+    args = DataArguments(dataset_name=data, prompt_column="q", solution_column="a", task="gsm8k")
+    train, _ = load_grpo_datasets(args)
+    assert len(train) == 4 and train[0]["prompt"] == messages
+
+
+def test_text_jsonl_still_loads(tmp_path):
+    data = write_jsonl(tmp_path / "text.jsonl", ["What is 0 + 0?"] * 4)
+    args = DataArguments(dataset_name=data, prompt_column="q", solution_column="a", task="gsm8k")
+    train, _ = load_grpo_datasets(args)
+    assert train[0]["prompt"] == [{"role": "user", "content": "What is 0 + 0?"}]
