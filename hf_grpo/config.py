@@ -11,11 +11,14 @@ A recipe is one flat YAML file whose keys are the fields of these classes (``hf_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
 import torch
+import trl
 from trl import GRPOConfig, ModelConfig
+from trl.trainer.utils import get_config_model_id
 
 
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -173,3 +176,18 @@ class HfGRPOConfig(GRPOConfig):
                 raise ValueError("keep_top_k replaces save_total_limit: set only one")
         if self.advantage_estimator == "rloo" and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("advantage_estimator='rloo' needs multi_objective_aggregation='sum_then_normalize'")
+
+
+def hf_config(model, args) -> HfGRPOConfig:
+    """``args`` as an ``HfGRPOConfig``: itself; for ``None`` TRL's default (output dir ``<model name>-GRPO``); for a
+    ``trl.GRPOConfig`` the same values with hf_grpo's fields at their defaults. Anything else is a ``TypeError``."""
+    if isinstance(args, HfGRPOConfig):
+        return args
+    if args is None:
+        name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return HfGRPOConfig(f"{name.split('/')[-1]}-GRPO")
+    if isinstance(args, trl.GRPOConfig):
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(trl.GRPOConfig) if f.init}
+        values.pop("generation_batch_size")  # derived in __post_init__ from steps_per_generation, which is kept
+        return HfGRPOConfig(**values)
+    raise TypeError(f"hf_grpo.GRPOTrainer needs an HfGRPOConfig (or a trl.GRPOConfig), got {type(args).__name__}")

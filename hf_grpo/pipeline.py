@@ -281,6 +281,7 @@ def _server_generator(recipe: Recipe):
         # the server command our launcher starts sets processed_logprobs; a server the user started is checked
         check_logprobs=gen.base_url is not None and os.environ.get(SERVER_STARTED_ENV) != "1",
         restart_wait=gen.restart_wait,
+        max_staleness=gen.max_staleness if gen.overlap else None,
     )
 
 

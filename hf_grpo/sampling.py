@@ -27,7 +27,7 @@ COMPLETION_KEYS = (  # right-padded along the completion axis
     "sampling_per_token_logps",
     "tool_mask",
 )
-ROW_KEYS = ("advantages",)
+ROW_KEYS = ("advantages", "policy_version")  # policy_version: overlapped generation (generation/overlap.py)
 STATE_FILE = "hf_grpo_state_rank{rank}.json"
 POOL_FILE = "hf_grpo_pool_rank{rank}.safetensors"
 
@@ -112,6 +112,12 @@ class GroupPool:
         """Drop the newest groups beyond ``limit``; returns how many were dropped."""
         dropped = max(len(self.groups) - limit, 0)
         del self.groups[limit:]
+        return dropped
+
+    def drop_older(self, version: int) -> int:
+        """Drop the groups a policy older than ``version`` generated (overlap's staleness bound); returns how many."""
+        kept = [g for g in self.groups if "policy_version" not in g or int(g["policy_version"][0]) >= version]
+        dropped, self.groups = len(self.groups) - len(kept), kept
         return dropped
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

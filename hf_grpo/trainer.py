@@ -7,7 +7,6 @@ the dynamic-sampling loop and the carried groups' log-probabilities: docs/traine
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -20,62 +19,24 @@ import trl
 from datasets import Dataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import get_config_model_id
 
 from . import sampling
+from .advantages import leave_one_out_advantages
 from .checkpoints import keep_best, write_manifest
-from .config import HfGRPOConfig
+from .config import hf_config
 from .eta import EtaCallback
+from .generation.overlap import Lookahead
 from .progress import DeferredBar, enabled_for
 from .rewards.wrapper import DEFAULT_MAX_FAILED_CALLS, RewardFailedError
 from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
 
 
+__all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
+
+
 logger = logging.getLogger(__name__)
 
 ZERO_REWARD_PATIENCE = 20  # generation batches of all-zero rewards before a loud warning
-
-
-def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int, scale: str) -> torch.Tensor:
-    """RLOO advantages: each reward minus the mean of the other valid rewards of its group. [N] -> [N].
-
-    NaN rewards (unscorable) are left out of the baselines and get advantage 0. ``scale`` is TRL's
-    ``scale_rewards``: ``group`` divides by the group std, ``batch`` by the batch std, ``none`` not at all.
-
-    >>> leave_one_out_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3, "none")
-    tensor([ 1.0000, -0.5000, -0.5000,  0.0000,  0.0000,  0.0000])
-    """
-    grouped = rewards.view(-1, num_generations)  # [N/G, G]
-    valid = ~torch.isnan(grouped)
-    filled = torch.nan_to_num(grouped, nan=0.0)
-    count = valid.sum(dim=1, keepdim=True)  # [N/G, 1]
-    others = (count - 1).clamp(min=1)
-    baseline = (filled.sum(dim=1, keepdim=True) - filled) / others  # [N/G, G]
-    advantages = torch.where(valid & (count > 1), filled - baseline, torch.zeros_like(filled))  # [N/G, G]
-    if scale == "group":
-        std = torch.stack(
-            [row[v].std() if v.sum() > 1 else row.new_tensor(0.0) for row, v in zip(grouped, valid, strict=True)]
-        )
-        advantages = advantages / (std.unsqueeze(1) + 1e-4)
-    elif scale == "batch":
-        finite = rewards[~torch.isnan(rewards)]
-        advantages = advantages / ((finite.std() if finite.numel() > 1 else 0.0) + 1e-4)
-    return advantages.reshape(-1)  # [N]
-
-
-def hf_config(model, args) -> HfGRPOConfig:
-    """``args`` as an ``HfGRPOConfig``: itself; for ``None`` TRL's default (output dir ``<model name>-GRPO``); for a
-    ``trl.GRPOConfig`` the same values with hf_grpo's fields at their defaults. Anything else is a ``TypeError``."""
-    if isinstance(args, HfGRPOConfig):
-        return args
-    if args is None:
-        name = model if isinstance(model, str) else get_config_model_id(model.config)
-        return HfGRPOConfig(f"{name.split('/')[-1]}-GRPO")
-    if isinstance(args, trl.GRPOConfig):
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(trl.GRPOConfig) if f.init}
-        values.pop("generation_batch_size")  # derived in __post_init__ from steps_per_generation, which is kept
-        return HfGRPOConfig(**values)
-    raise TypeError(f"hf_grpo.GRPOTrainer needs an HfGRPOConfig (or a trl.GRPOConfig), got {type(args).__name__}")
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -106,7 +67,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         metric = self.args.dynamic_sampling_metric
         self._filter_column = None if metric == "reward" else self.reward_func_names.index(metric)
         self._pool = GroupPool()
-        self._stream = PromptStream(len(self.train_dataset), self.args.seed) if self.args.dynamic_sampling else None
+        overlap = generator is not None and generator.max_staleness is not None  # generation.overlap
+        streamed = self.args.dynamic_sampling or overlap
+        self._stream = PromptStream(len(self.train_dataset), self.args.seed) if streamed else None
+        self._ahead = self._lookahead() if overlap else None
         self._keep_digest = hashlib.sha256()  # every global keep decision, hashed: tests compare it across ranks
         self._zero_reward_batches = 0
         self._unscored_calls = 0  # consecutive scoring calls in which no completion got a reward
@@ -117,13 +81,34 @@ class GRPOTrainer(trl.GRPOTrainer):
     # ----------------------------------------------------------------------------------------------------------------
     # Validation
 
-    def _check_dynamic_sampling(self) -> None:
-        args = self.args
+    def _text_only_problems(self) -> list[str]:
+        """What keeps prompts from being drawn by index and generated as plain text (dynamic sampling, overlap)."""
         problems = []
         if not isinstance(self.train_dataset, Dataset):
             problems.append("a map-style train dataset (not streaming)")
         if self.tools or self.environment_factories is not None or self.rollout_func is not None or self._is_vlm:
             problems.append("a text-only setup (no tools, environments, rollout_func or images)")
+        return problems
+
+    def _lookahead(self) -> Lookahead:
+        """Overlapped generation's rounds (``generation.overlap``), once the setup is checked to allow it."""
+        args, problems = self.args, self._text_only_problems()
+        if not self.vllm_importance_sampling_correction:
+            problems.append("vllm_importance_sampling_correction: true (it reweights what an older policy generated)")
+        generate_every = args.steps_per_generation * self.num_iterations
+        if generate_every % args.gradient_accumulation_steps:
+            problems.append(
+                f"steps_per_generation x num_iterations ({generate_every}) a multiple of gradient_accumulation_steps "
+                f"({args.gradient_accumulation_steps}), so that every generation starts an optimizer step"
+            )
+        if problems:
+            raise ValueError("generation.overlap needs " + "; ".join(problems))
+        cycle_steps = generate_every // args.gradient_accumulation_steps
+        return Lookahead(self.generator, self._stream, self.generator.max_staleness, cycle_steps, self.num_generations)
+
+    def _check_dynamic_sampling(self) -> None:
+        args = self.args
+        problems = self._text_only_problems()
         local_rows = args.per_device_train_batch_size * args.steps_per_generation
         if local_rows % self.num_generations:
             problems.append(
@@ -174,7 +159,10 @@ class GRPOTrainer(trl.GRPOTrainer):
             )
         if images is not None:
             raise NotImplementedError("generation through the vLLM server generator is text-only")
-        self._timed("weight_sync", self.generator.sync, self)
+        in_use = {"in_use": self._ahead.in_use()} if self._ahead is not None else {}  # adapters of rounds sent ahead
+        self._timed("weight_sync", self.generator.sync, self, **in_use)  # then rounds sent ahead are waited for
+        if self._ahead is not None and self.model.training:  # overlapped: the round may have been sent a step ago
+            return self._ahead.generate(self, prompt_ids, num_generations)
         return self.generator.generate(self, prompt_ids, num_generations)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -240,14 +228,17 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         start = time.perf_counter()
         super()._save_checkpoint(model, trial)
-        if self.args.dynamic_sampling:
-            rank, digest = self.accelerator.process_index, self._keep_digest.hexdigest()
+        rank = self.accelerator.process_index
+        if self._stream is not None:
+            digest = self._keep_digest.hexdigest()
             sampling.save_state(self._checkpoint_dir(trial), rank, self._stream, self._pool, digest)
+        if self._ahead is not None:  # waits for the rounds in flight
+            self._ahead.save(self._checkpoint_dir(trial), rank)
         # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
         # sampling state. Once all have, the manifest marks the checkpoint complete (checkpoints.py).
         self.accelerator.wait_for_everyone()
         if self.args.should_save:  # the main process; after the barrier, no process still writes into what is deleted
-            write_manifest(self._checkpoint_dir(trial), self.accelerator.num_processes, self.args.dynamic_sampling)
+            write_manifest(self._checkpoint_dir(trial), self.accelerator.num_processes, self._stream is not None)
             if self.args.keep_top_k is not None:  # rank it by this step's held-out accuracy (None: not evaluated)
                 step, last = self.state.global_step, self.last_task_eval
                 score = last[1] if last is not None and last[0] == step else None
@@ -259,12 +250,31 @@ class GRPOTrainer(trl.GRPOTrainer):
     # Scoring
 
     def _generate_and_score_completions(self, inputs):
+        overlapped = self._ahead is not None and self.model.training
+        if overlapped:  # this cycle's prompts were drawn (and sent) ahead of it: generation/overlap.py
+            inputs = self._ahead.rows(self, len(inputs) // self.num_generations, index=0)
         if self.model.training and self.args.dynamic_sampling:
-            return self._dynamic_batch(inputs)
-        mode = "train" if self.model.training else "eval"
-        output = self._score(inputs, mode)
-        self._log_advantages(output["advantages"], mode)
+            output = self._dynamic_batch(inputs)
+        else:
+            mode = "train" if self.model.training else "eval"
+            output = self._score(inputs, mode)
+            self._log_advantages(output["advantages"], mode)
+        if overlapped:
+            self._log_staleness(output["policy_version"][:: self.num_generations])
         return output
+
+    def _log_staleness(self, versions: torch.Tensor) -> None:
+        """``async/staleness`` (mean, ``_max``, ``_<k>`` groups per value): how many updates old the policies that
+        generated this batch's groups are; ``async/unused_rounds``; ``time/server_generate``: seconds from sending
+        this step's rounds to their last answer (while training ran, for rounds sent ahead)."""
+        lag = self.state.global_step - self.accelerator.gather(versions)  # [groups, all processes]
+        self.record_metric("async/staleness", lag.float().mean().item())
+        self.record_metric("async/staleness_max", lag.max().item())
+        for k in range(self.generator.max_staleness + 1):
+            self.record_metric(f"async/staleness_{k}", int((lag == k).sum()))
+        unused, server_seconds = self._ahead.take_unused()
+        self.record_metric("async/unused_rounds", unused)
+        self.record_metric("time/server_generate", server_seconds)
 
     def _score(self, inputs, mode: str) -> dict:
         """TRL's generation and scoring of ``inputs``, with our advantages and reward metrics."""
@@ -283,6 +293,9 @@ class GRPOTrainer(trl.GRPOTrainer):
             self.record_metric("reward/max", finite.max().item(), mode)
         if mode == "train":
             self._check_reward_health(finite, total.numel())
+        if mode == "train" and self._ahead is not None:  # [B]: the adapter version that generated each row
+            rows = output["advantages"].size(0)
+            output["policy_version"] = torch.full((rows,), self._ahead.last_version, device=self.accelerator.device)
         return output
 
     def _relog_advantages(self, advantages: torch.Tensor) -> None:
@@ -331,8 +344,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         rewards = self._last_rewards_per_func  # [B*G global, F]
         return self.total_rewards(rewards) if self._filter_column is None else rewards[:, self._filter_column]
 
-    def _next_round_inputs(self, groups: int) -> list[dict]:
-        """Rows for one more generation round: this process's share of the next prompts of the stream."""
+    def _next_round_inputs(self, groups: int, index: int) -> list[dict]:
+        """Rows for round ``index`` of this step: this process's share of the next prompts of the stream (or of
+        those overlapped generation sent ahead)."""
+        if self._ahead is not None:
+            return self._ahead.rows(self, groups, index)
         indices = self._stream.next(groups * self.accelerator.num_processes)
         mine = indices[self.accelerator.process_index * groups : (self.accelerator.process_index + 1) * groups]
         return [self.train_dataset[i] for i in mine for _ in range(self.num_generations)]
@@ -375,6 +391,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         num_gen = self.num_generations
         needed = len(inputs) // num_gen  # groups this process trains on
         token_keys = self._token_level_keys()
+        if self._ahead is not None:  # carried groups older than generation.max_staleness are not trained on
+            stale = self._pool.drop_older(self.state.global_step - self.generator.max_staleness)
+            self.record_metric("async/stale_dropped", stale)
         carried = len(self._pool)
         dropped: list = []
         rounds, generated_groups, kept_groups = 0, 0, 0
@@ -410,7 +429,10 @@ class GRPOTrainer(trl.GRPOTrainer):
                 if ready >= needed or rounds >= max_rounds:
                     break
                 bar.show(ready, f"round {rounds + 1}/{max_rounds}, {kept_groups}/{generated_groups} groups kept")
-                inputs = self._next_round_inputs(needed)
+                inputs = self._next_round_inputs(needed, index=rounds)
+
+        if self._ahead is not None:
+            self._ahead.finish_cycle(rounds)
 
         batch_groups, filled = assemble_batch(self._pool, dropped, needed)
         # Rounds run until the process with the fewest kept groups has enough; the others keep at most one step's
@@ -465,10 +487,12 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or not self.args.dynamic_sampling:
+        if checkpoint is None or self._stream is None:
             return
         rank, device = self.accelerator.process_index, self.accelerator.device
         self._pool = sampling.load_state(checkpoint, rank, self._stream, device)
+        if self._ahead is not None:
+            self._ahead.load(checkpoint, rank)
         logger.info(
             "restored dynamic sampling state: %d carried groups, prompt stream %s",
             len(self._pool),

@@ -98,6 +98,9 @@ def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
         assert f"rewards/{name.rpartition(':')[2]}/mean" in history[0], name
     if values.get("dynamic_sampling"):
         assert all("dynamic_sampling/rounds" in r for r in history)
+    if (values.get("generation") or {}).get("overlap"):  # step 1 generated now, step 2's first round during step 1
+        assert [r["async/staleness_max"] <= 1 for r in history] == [True, True]
+        assert history[0]["async/staleness_max"] == 0 and "async/staleness_1" in history[1]
     results = json.loads((out / "eval_results.json").read_text())
     for phase in ("before", "after"):
         assert results[phase]["total"] == 16

@@ -73,6 +73,10 @@ def test_trl_methods_we_call():
         "batch_size",
     ]
     assert "_get_output_dir" in dir(trl.GRPOTrainer)
+    # overlapped generation tokenizes the rounds it sends ahead as TRL's _generate does, and compares the result
+    # with the ids TRL passes to _generate_single_turn later (generation/overlap.py)
+    assert params(trl.GRPOTrainer, "_tokenize_prompts") == ["self", "prompts"]
+    assert "self._tokenize_prompts(prompts)" in inspect.getsource(trl.GRPOTrainer._generate)
 
 
 def test_trainer_attributes_we_read():

@@ -64,6 +64,14 @@ class GenerationArguments:
             Program that starts the server; the model and the flags are appended.
         extra_args (`list[str]`, *optional*):
             More `vllm serve` flags, appended as given.
+        overlap (`bool`, defaults to `False`):
+            `vllm_server` only: the server generates the next step's prompts while the trainer scores and trains the
+            current step (one-step off-policy, as verl and NeMo RL's async GRPO). Each batch then comes from a policy
+            up to `max_staleness` updates old, and TRL's vLLM importance-sampling correction reweights it
+            (`vllm_importance_sampling_correction` must stay true). How and why: hf_grpo/generation/overlap.py.
+        max_staleness (`int`, defaults to `1`):
+            With `overlap`: the most optimizer steps a trained batch's generating policy may lag the trained one
+            (logged as `async/staleness`). Carried dynamic-sampling groups older than this are dropped.
         seed (`int`, *optional*):
             Sampling seed base for server requests (default: the training seed). Each prompt is sent as a request
             of its own with a seed of its own (vLLM draws sample i of every prompt in a request with seed + i, so
@@ -90,6 +98,12 @@ class GenerationArguments:
         default_factory=lambda: ["vllm", "serve"], metadata={"help": "Program that starts the server."}
     )
     extra_args: list[str] | None = field(default=None, metadata={"help": "More `vllm serve` flags."})
+    overlap: bool = field(
+        default=False, metadata={"help": "vllm_server: generate step t+1 while step t trains (off-policy by one)."}
+    )
+    max_staleness: int = field(
+        default=1, metadata={"help": "With overlap: most optimizer steps a batch's generating policy may lag."}
+    )
     seed: int | None = field(default=None, metadata={"help": "Sampling seed base for server requests."})
 
     @property
@@ -138,6 +152,17 @@ def trl_fields(gen: GenerationArguments, use_peft: bool) -> dict:
 def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, explicit_trl: set[str]) -> list[str]:
     """Problems with a ``generation:`` section, as messages naming the key and the fix."""
     problems = [] if gen.base_url is None else _url_problems(gen.base_url)
+    if gen.overlap and (gen.backend != "vllm_server" or gen.sync_mode(use_peft) != "lora"):
+        layout = f"generation.backend {gen.backend or 'unset (in-process generation)'}"
+        if gen.backend == "vllm_server":
+            layout = f"generation.weight_sync {gen.sync_mode(use_peft)} (TRL's NCCL transfer blocks the server)"
+        problems.append(
+            f"generation.overlap cannot work with {layout}: only a vLLM server on devices of its own with "
+            "weight_sync: lora generates while training runs (a colocated engine shares the training devices, so "
+            "one waits for the other); remove generation.overlap, or use backend: vllm_server with use_peft: true"
+        )
+    if gen.max_staleness < 1:
+        problems.append(f"generation.max_staleness must be 1 or more optimizer steps, got {gen.max_staleness}")
     if gen.backend is None:
         return problems
     clash = sorted(explicit_trl & {"use_vllm", "vllm_mode", "vllm_server_base_url"})
@@ -183,6 +208,13 @@ def _url_problems(url: str) -> list[str]:
     return []
 
 
+def max_loras(gen: GenerationArguments) -> int:
+    """Adapters the server holds at once: the current one and the previous (a sync loads before it unloads), and
+    with ``overlap`` also one per older policy version that may still be generating (``max_staleness``) and the one
+    a sync unloads only after loading the new one."""
+    return gen.max_staleness + 2 if gen.overlap else 2
+
+
 def max_lora_rank(lora_r: int) -> int:
     """Smallest ``--max-lora-rank`` value vLLM accepts that holds an adapter of rank ``lora_r``."""
     return next(r for r in LORA_RANKS if r >= lora_r)
@@ -220,7 +252,7 @@ def server_command(
     if dtype in ("bfloat16", "float16", "float32"):
         cmd += ["--dtype", dtype]
     if sync == "lora":
-        cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_r)), "--max-loras", "2"]
+        cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_r)), "--max-loras", str(max_loras(gen))]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     else:  # TRL's NCCL weight transfer (see trl.generation.vllm_client)
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"}), "--max-logprobs", "-1"]

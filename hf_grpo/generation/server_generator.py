@@ -63,7 +63,7 @@ def save_adapter(trainer, path: Path) -> str | None:
 SEED_STRIDE = 2**20
 
 
-def request_seed(base: int, step: int, call: int, process: int) -> int:
+def request_seed(base: int, step: int, call: int | str, process: int) -> int:
     """The seed of one request: distinct per (base, step, call within the step, process), and spaced so that the
     ``seed + i`` of its samples never meet another request's. (``base + step + process`` made process 1's sample j
     repeat process 0's sample j + 1, and every dynamic-sampling round and evaluation of a step repeat the first.)"""
@@ -84,13 +84,16 @@ class ServerGenerator:
         seed: int | None = None,
         check_logprobs: bool = True,
         restart_wait: float = 0.0,
+        max_staleness: int | None = None,
     ):
         self.client = VLLMServerClient(url, request_timeout=request_timeout, max_retries=max_retries)
         self.url, self.adapter_dir, self.server_timeout, self.seed = url, Path(adapter_dir), server_timeout, seed
         self.check_logprobs = check_logprobs  # False for a server our launcher started with processed_logprobs
         self.restart_wait = restart_wait  # seconds a server that stopped answering may take to come back
+        self.max_staleness = max_staleness  # generation.overlap: None (synchronous) or its staleness bound
         self.adapter_name: str | None = None
         self.synced_step = -1
+        self.loaded: dict[str, Path] = {}  # adapter name -> its directory, for every adapter the server holds
         self.adapter_sha256: str | None = None  # of the adapter the server serves now (main process)
         self.requests = 0
         self.extra_body: dict = {}  # generation_kwargs and structured outputs, set by connect()
@@ -135,22 +138,25 @@ class ServerGenerator:
             )
         return mode
 
-    def sync(self, trainer) -> bool:
-        """Load the current adapter into the server if the policy changed since the last sync."""
+    def sync(self, trainer, in_use: set[str] = frozenset()) -> bool:
+        """Load the current adapter into the server if the policy changed since the last sync, then unload every
+        older adapter except those in ``in_use`` (overlapped generation: requests still generating with them)."""
         step = trainer.state.global_step
         if step == self.synced_step:
             return False
-        name, previous = f"policy-{step}", self.adapter_name
-        path = self.adapter_dir / f"step-{step}"
+        name, path = f"policy-{step}", self.adapter_dir / f"step-{step}"
         sha256 = save_adapter(trainer, path)
         if trainer.accelerator.is_main_process:
             self._send_once_more_after_restart(self.client.load_lora_adapter, name, str(path.resolve()), reload=False)
-            if previous is not None:
-                self.client.unload_lora_adapter(previous, missing_ok=True)
+            for old in [n for n in self.loaded if n != name and n not in in_use]:
+                self.client.unload_lora_adapter(old, missing_ok=True)
             self.adapter_sha256 = sha256
             logger.debug("server now serves %s (sha256 %s)", name, sha256)
-            self._prune(keep={path.name, f"step-{self.synced_step}"})
+            kept = {p.name for n, p in self.loaded.items() if n in in_use}
+            self._prune(keep=kept | {path.name, f"step-{self.synced_step}"})
         trainer.accelerator.wait_for_everyone()
+        # every process: what the server holds, to load it again after a restart
+        self.loaded = {n: p for n, p in self.loaded.items() if n in in_use} | {name: path}
         self.adapter_name, self.synced_step = name, step
         return True
 
@@ -160,12 +166,22 @@ class ServerGenerator:
             if old.name not in keep and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
 
-    def generate(self, trainer, prompt_ids: list[list[int]], num_generations: int):
+    def generate(
+        self,
+        trainer,
+        prompt_ids: list[list[int]],
+        num_generations: int,
+        adapter: str | None = None,
+        seed_key: tuple[int, str] | None = None,
+    ):
         """(completion_ids, logprobs) for ``prompt_ids``, one completion per row, in order.
 
         Consecutive identical prompts (a group, or the part of it this process holds) become one prompt with ``n``
-        samples, so the server shares their prefill.
+        samples, so the server shares their prefill. ``adapter`` (default: the current one) and ``seed_key``
+        (``(step, call)``; default: this step and its count of calls so far) are set by overlapped generation, which
+        generates for a later step from another thread.
         """
+        adapter = adapter or self.adapter_name
         runs: list[tuple[list[int], int]] = []
         for ids in prompt_ids:
             if runs and runs[-1][0] == ids:
@@ -177,10 +193,12 @@ class ServerGenerator:
             chosen = [i for i, (_, count) in enumerate(runs) if count == n]
             seeds = None
             if self.seed is not None:  # each prompt its own seed: a shared one gives their i-th samples one noise
-                step = trainer.state.global_step
-                self._calls = self._calls + 1 if self._calls_step == step else 0
-                self._calls_step = step
-                seed = request_seed(self.seed, step, self._calls, trainer.accelerator.process_index)
+                if seed_key is None:
+                    step = trainer.state.global_step
+                    self._calls = self._calls + 1 if self._calls_step == step else 0
+                    self._calls_step = step
+                    seed_key = (step, str(self._calls))
+                seed = request_seed(self.seed, seed_key[0], seed_key[1], trainer.accelerator.process_index)
                 if len(chosen) * n > SEED_STRIDE:
                     raise ValueError(f"{len(chosen)} prompts x {n} samples exceed one call's {SEED_STRIDE} seeds")
                 seeds = [seed + j * n for j in range(len(chosen))]
@@ -195,7 +213,7 @@ class ServerGenerator:
                 min_p=trainer.min_p or 0.0,
                 repetition_penalty=trainer.repetition_penalty,
                 seeds=seeds,
-                model=self.adapter_name,
+                model=adapter,
                 stop_token_ids=list(trainer.eos_token_ids),
                 extra_body=self.extra_body,
             )
@@ -208,15 +226,17 @@ class ServerGenerator:
         return completion_ids, logprobs
 
     def _send_once_more_after_restart(self, send, *args, reload: bool = True, **kwargs):
-        """``send(*args, **kwargs)``; when the server restarted, load the current adapter into it again and send
-        once more. A restart shows as a 404 for the adapter (the new server never loaded it) or, while it starts, as
-        no answer: waited for up to ``restart_wait`` seconds (0: that error ends the run as before)."""
+        """``send(*args, **kwargs)``; when the server restarted, load the adapter the request names (``model``) into
+        it again and send once more. A restart shows as a 404 for the adapter (the new server never loaded it) or,
+        while it starts, as no answer: waited for up to ``restart_wait`` seconds (0: that error ends the run as
+        before)."""
+        adapter = kwargs.get("model") or self.adapter_name
         try:
             return send(*args, **kwargs)
         except VLLMServerError as exc:
-            if exc.status != 404 or self.adapter_name is None or not reload:
+            if exc.status != 404 or adapter is None or not reload:
                 raise
-            why = f"the vLLM server at {self.url} no longer serves {self.adapter_name}"
+            why = f"the vLLM server at {self.url} no longer serves {adapter}"
         except VLLMConnectionError as exc:
             if not self.restart_wait > 0:
                 raise
@@ -225,9 +245,8 @@ class ServerGenerator:
             )
             self.client.wait_until_healthy(timeout_s=self.restart_wait)
             why = f"the vLLM server at {self.url} is back"
-        if reload and self.adapter_name is not None:  # load_inplace: several processes at once are harmless
-            logger.warning("%s: loading %s into it again and sending the request once more", why, self.adapter_name)
-            self.client.load_lora_adapter(
-                self.adapter_name, str((self.adapter_dir / f"step-{self.synced_step}").resolve())
-            )
+        if reload and adapter is not None:  # load_inplace: several processes at once are harmless
+            logger.warning("%s: loading %s into it again and sending the request once more", why, adapter)
+            path = self.loaded.get(adapter, self.adapter_dir / f"step-{self.synced_step}")
+            self.client.load_lora_adapter(adapter, str(path.resolve()))
         return send(*args, **kwargs)

@@ -267,6 +267,11 @@ def check_generation_section(generation: GenerationArguments, model: ModelArgume
                 f"lora_modules_to_save: {model.lora_modules_to_save}: vLLM loads adapters only with "
                 "modules_to_save None; remove it, or use generation.weight_sync: full"
             )
+    if generation.overlap and values.get("vllm_importance_sampling_correction", True) is False:
+        problems.append(
+            "generation.overlap trains on batches an older policy generated, which TRL's vLLM importance-sampling "
+            "correction reweights; remove vllm_importance_sampling_correction: false"
+        )
     if problems:
         raise RecipeError(f"{where}: " + "; ".join(problems))
 

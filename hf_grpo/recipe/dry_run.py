@@ -24,6 +24,15 @@ def _generation_lines(recipe: Recipe) -> list[str]:
     lines = [f"generation: vLLM server at {gen.url} ({where}), weight sync: {gen.sync_mode(recipe.model.use_peft)}"]
     if gen.starts_server():
         lines.append(f"training GPUs: {training_gpus(gen, recipe.layout.num_processes)}")
+    if gen.overlap:
+        mode = recipe.values.get("vllm_importance_sampling_mode", default_of("vllm_importance_sampling_mode"))
+        lines.append(
+            f"overlap: on: the server generates step t+1 while step t trains; each batch comes from a policy at most "
+            f"{gen.max_staleness} update(s) older (generation.max_staleness), reweighted by TRL's vLLM "
+            f"importance-sampling correction ({mode})"
+        )
+    elif gen.sync_mode(recipe.model.use_peft) == "lora":
+        lines.append("overlap: off: each step waits for its generation (generation.overlap: true overlaps them)")
     return lines
 
 

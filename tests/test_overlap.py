@@ -1,0 +1,410 @@
+"""Issue 22: overlapped generation (``generation.overlap``, hf_grpo/generation/overlap.py). Tier 1, in-process:
+
+- ``Lookahead`` against a fake generator and trainer: which round is generated now and which is sent ahead (seed
+  keys, adapter, version, prompts from the ``PromptStream``), discarded rounds, adapters in use, errors re-raised,
+  checkpoints;
+- the trainer through the stand-in vLLM server (in a thread): staleness metrics and their bound, the next step's
+  request reaching the server before the current step's training ends, dynamic sampling's stale carried groups,
+  exact resume from a checkpoint holding a round in flight, a killed server's one-line error;
+- the recipe checks and ``--dry-run`` lines.
+
+    .venv/bin/python -m pytest -q tests/test_overlap.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_grpo.generation.layout import GenerationArguments, server_command
+from hf_grpo.generation.overlap import STATE_FILE, Lookahead
+from hf_grpo.generation.vllm_client import VLLMConnectionError
+from hf_grpo.sampling import PromptStream
+from hf_grpo.train import main
+
+from .helpers.overlap_run import (
+    StepTimes,
+    logged,
+    make_overlap_trainer,
+    record_generate_calls,
+    record_server_requests,
+    record_taken,
+    three_of_four,
+    trainable,
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Lookahead with a fake generator and trainer
+
+
+class FakeGenerator:
+    """Records every ``generate`` call; answers deterministically (a NaN log-prob included). ``hold``: background
+    calls (those naming an adapter) wait for it; ``fail``: they raise it."""
+
+    def __init__(self):
+        self.adapter_name = "policy-0"
+        self.client = SimpleNamespace(worst_case_s=5.0, max_concurrent_requests=4)
+        self.calls: list[dict] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.fail: BaseException | None = None
+
+    def generate(self, trainer, prompt_ids, num_generations, adapter=None, seed_key=None):
+        self.calls.append(
+            {
+                "thread": threading.current_thread().name,
+                "adapter": adapter,
+                "seed_key": seed_key,
+                "step": trainer.state.global_step,
+                "prompt_ids": prompt_ids,
+            }
+        )
+        if adapter is not None:
+            assert self.hold.wait(10)
+            if self.fail is not None:
+                raise self.fail
+        completions = [[len(ids), i] for i, ids in enumerate(prompt_ids)]
+        logprobs = [[-0.5, float("nan")] for _ in prompt_ids]
+        return completions, logprobs
+
+
+class FakeTrainer:
+    def __init__(self, size=40, rank=0, processes=2):
+        self.state = SimpleNamespace(global_step=0)
+        self.accelerator = SimpleNamespace(process_index=rank, num_processes=processes)
+        self.train_dataset = [{"prompt": f"question {i}"} for i in range(size)]
+
+    def _tokenize_prompts(self, prompts):
+        return ([[int(word) for word in p.split()[1:]] + [7] for p in prompts],)
+
+
+G = 2  # num_generations
+
+
+def prompt_ids_of(trainer, rows):
+    return [ids for ids in trainer._tokenize_prompts([r["prompt"] for r in rows[::G]])[0] for _ in range(G)]
+
+
+def lookahead(generator, trainer, max_staleness=1, cycle_steps=1):
+    return Lookahead(generator, PromptStream(len(trainer.train_dataset), 0), max_staleness, cycle_steps, G)
+
+
+def cycle(ahead, trainer, groups=2):
+    """One generation cycle as the trainer runs it: rows, then generate for them."""
+    rows = ahead.rows(trainer, groups, index=0)
+    return rows, ahead.generate(trainer, prompt_ids_of(trainer, rows), G)
+
+
+def test_the_first_round_is_generated_now_and_the_next_is_sent_ahead_with_the_current_adapter():
+    gen, trainer = FakeGenerator(), FakeTrainer(rank=1, processes=2)
+    ahead = lookahead(gen, trainer)
+    expected = PromptStream(40, 0)
+    first_draw, second_draw = expected.next(4)[2:4], expected.next(4)[2:4]  # rank 1's share of 2 groups x 2
+    rows, result = cycle(ahead, trainer)
+    assert rows == [trainer.train_dataset[i] for i in first_draw for _ in range(G)]
+    now = gen.calls[0]
+    assert now["thread"] == threading.main_thread().name and now["adapter"] is None
+    assert now["seed_key"] == (0, "overlap-0") and result[0] == [[len(i), k] for k, i in enumerate(now["prompt_ids"])]
+    assert ahead.last_version == 0
+    (planned,) = ahead.planned
+    assert planned.done.wait(10)
+    sent = gen.calls[1]
+    assert sent["thread"] != threading.main_thread().name
+    assert (sent["adapter"], sent["seed_key"], sent["step"]) == ("policy-0", (1, "overlap-0"), 0)
+    assert (planned.step, planned.index, planned.version, planned.rows) == (1, 0, 0, second_draw)
+
+    trainer.state.global_step, gen.adapter_name = 1, "policy-1"
+    rows, result = cycle(ahead, trainer)
+    assert rows == [trainer.train_dataset[i] for i in second_draw for _ in range(G)]
+    assert sent["prompt_ids"] == prompt_ids_of(trainer, rows)  # what was sent is what step 1 trains on
+    assert result == planned.result and ahead.last_version == 0  # generated by policy 0, trained at step 1
+    assert [c["seed_key"] for c in gen.calls] == [(0, "overlap-0"), (1, "overlap-0"), (2, "overlap-0")]
+    assert gen.calls[2]["adapter"] == "policy-1"
+
+
+def test_max_staleness_two_sends_two_cycles_ahead():
+    gen, trainer = FakeGenerator(), FakeTrainer()
+    ahead = lookahead(gen, trainer, max_staleness=2)
+    cycle(ahead, trainer)
+    assert [(r.step, r.version) for r in ahead.planned] == [(1, 0), (2, 0)]
+    trainer.state.global_step = 1
+    cycle(ahead, trainer)
+    assert [(r.step, r.version) for r in ahead.planned] == [(2, 0), (3, 1)]
+
+
+def test_a_planned_round_a_cycle_did_not_need_is_discarded_and_counted():
+    gen, trainer = FakeGenerator(), FakeTrainer()
+    ahead = lookahead(gen, trainer)
+    cycle(ahead, trainer)
+    ahead.finish_cycle(2)  # dynamic sampling needed two rounds: the cycles sent from now on get two
+    trainer.state.global_step = 1
+    cycle(ahead, trainer)  # takes the round planned for step 1, sends rounds 0 and 1 of step 2
+    ahead.finish_cycle(1)
+    assert [(r.step, r.index) for r in ahead.planned] == [(2, 0), (2, 1)]
+    assert ahead.take_unused()[0] == 0
+    trainer.state.global_step = 2
+    cycle(ahead, trainer)
+    assert ahead.take_unused()[0] == 0  # round 1 of step 2 may still be asked for
+    trainer.state.global_step = 3
+    ahead.rows(trainer, 2, index=0)
+    assert ahead.take_unused()[0] == 1 and ahead.take_unused()[0] == 0
+    assert all(r.step == 3 for r in [ahead.current, *ahead.planned])
+
+
+def test_in_use_names_the_adapters_of_rounds_still_generating():
+    gen, trainer = FakeGenerator(), FakeTrainer()
+    ahead = lookahead(gen, trainer)
+    gen.hold.clear()
+    cycle(ahead, trainer)
+    assert ahead.in_use() == {"policy-0"}
+    gen.hold.set()
+    assert ahead.planned[0].done.wait(10)
+    assert ahead.in_use() == set()
+
+
+def test_an_error_in_the_background_generation_is_raised_by_the_call_that_needs_it():
+    gen, trainer = FakeGenerator(), FakeTrainer()
+    ahead = lookahead(gen, trainer)
+    gen.fail = VLLMConnectionError("the vLLM server at http://x stopped answering (boom 42)")
+    cycle(ahead, trainer)  # the background call fails; nothing is raised yet
+    assert ahead.planned[0].done.wait(10)
+    trainer.state.global_step = 1
+    with pytest.raises(VLLMConnectionError, match=r"^the vLLM server at http://x stopped answering \(boom 42\)$"):
+        cycle(ahead, trainer)
+
+
+def test_changed_prompts_of_a_round_sent_ahead_are_an_error():
+    gen, trainer = FakeGenerator(), FakeTrainer()
+    ahead = lookahead(gen, trainer)
+    cycle(ahead, trainer)
+    trainer.state.global_step = 1
+    rows = ahead.rows(trainer, 2, index=0)
+    with pytest.raises(RuntimeError, match="step 1's prompts changed"):
+        ahead.generate(trainer, [[99]] * len(rows), G)
+
+
+def test_save_and_load_give_back_the_planned_rounds(tmp_path):
+    gen, trainer = FakeGenerator(), FakeTrainer()
+    ahead = lookahead(gen, trainer, max_staleness=2)
+    cycle(ahead, trainer)
+    ahead.finish_cycle(1)
+    ahead.save(str(tmp_path), rank=0)
+    assert (tmp_path / STATE_FILE.format(rank=0)).is_file()
+    again = lookahead(FakeGenerator(), trainer, max_staleness=2)
+    again.load(str(tmp_path), rank=0)
+    keys = ("step", "index", "rows", "version", "prompt_ids")
+    assert [[getattr(r, k) for k in keys] for r in again.planned] == [
+        [getattr(r, k) for k in keys] for r in ahead.planned
+    ]
+    for old, new in zip(ahead.planned, again.planned, strict=True):
+        assert new.done.is_set() and new.result[0] == old.result[0]
+        assert [[x if not math.isnan(x) else "nan" for x in row] for row in new.result[1]] == [
+            [-0.5, "nan"] for _ in old.result[1]
+        ]
+    trainer.state.global_step = 1
+    calls = len(gen.calls)
+    rows, result = cycle(again, trainer)
+    assert rows == [trainer.train_dataset[i] for i in ahead.planned[0].rows for _ in range(G)]
+    assert result[0] == ahead.planned[0].result[0] and len(gen.calls) == calls  # nothing generated again
+    with pytest.raises(FileNotFoundError, match="generation.overlap"):
+        lookahead(gen, trainer).load(str(tmp_path), rank=1)
+
+
+def test_a_staleness_bound_below_the_generation_cycle_is_refused():
+    with pytest.raises(ValueError, match=r"generation\.max_staleness 1 is below the 2 optimizer steps"):
+        Lookahead(FakeGenerator(), PromptStream(8, 0), max_staleness=1, cycle_steps=2, num_generations=G)
+    assert Lookahead(FakeGenerator(), PromptStream(8, 0), max_staleness=4, cycle_steps=2, num_generations=G).depth == 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The trainer through the stand-in server
+
+
+def test_staleness_is_one_and_the_next_round_reaches_the_server_while_the_step_trains(policy_dir, tmp_path):
+    with make_overlap_trainer(policy_dir, tmp_path, max_steps=4) as (trainer, server):
+        requests_seen = record_server_requests(server)
+        taken = record_taken(trainer)
+        times = StepTimes(trainer)
+        trainer.train()
+    assert logged(trainer, "async/staleness_max") == [0, 1, 1, 1]
+    assert logged(trainer, "async/staleness") == [0, 1, 1, 1]
+    assert logged(trainer, "async/staleness_1") == [0, 4, 4, 4]  # 4 groups a step, all one update old
+    for step in range(1, 4):  # step + 1 trains on prompts generated by policy-(step - 1) ...
+        assert len(taken[step]) == 4
+        for prompt in taken[step]:
+            sent = [r for r in requests_seen if r["model"] == f"policy-{step - 1}" and r["prompt"] == prompt]
+            assert sent, f"no request of policy-{step - 1} carried a prompt of step {step + 1}"
+            # ... which reached the server before step `step` finished training (global_step step - 1 -> step)
+            assert sent[0]["time"] < times.ended[step], (step, sent[0]["time"], times.ended)
+
+
+def test_max_staleness_two_reaches_two_and_never_more(policy_dir, tmp_path):
+    with make_overlap_trainer(policy_dir, tmp_path, max_staleness=2, max_steps=4) as (trainer, _):
+        trainer.train()
+    assert logged(trainer, "async/staleness_max") == [0, 1, 2, 2]
+    assert logged(trainer, "async/staleness_2") == [0, 0, 4, 4]
+
+
+def test_kl_and_two_updates_per_generation_train_with_the_lag_a_cycle_takes(policy_dir, tmp_path):
+    """beta > 0 (reference log-probs of the lagged batch) and num_iterations 2 (a generation serves 2 optimizer
+    steps, so one generation ahead is 2 updates): generations start at steps 0, 2, 4 with lags 0, 2, 2, the KL is
+    logged and the parameters move."""
+    with make_overlap_trainer(policy_dir, tmp_path, max_staleness=2, beta=0.05, num_iterations=2, max_steps=6) as (
+        trainer,
+        _,
+    ):
+        before = trainable(trainer)
+        trainer.train()
+    assert trainer.state.global_step == 6
+    assert logged(trainer, "async/staleness_max") == [0, 2, 2]  # logged at the steps that start a generation
+    assert all(math.isfinite(k) for k in logged(trainer, "kl")) and any(k > 0 for k in logged(trainer, "kl"))
+    after = trainable(trainer)
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_two_updates_per_generation_with_a_bound_of_one_is_refused(policy_dir, tmp_path):
+    refused = pytest.raises(ValueError, match=r"generation.max_staleness 1 is below the 2 optimizer steps")
+    with refused, make_overlap_trainer(policy_dir, tmp_path, max_staleness=1, num_iterations=2, max_steps=2):
+        pass
+
+
+def test_dynamic_sampling_drops_carried_groups_older_than_the_bound(policy_dir, tmp_path):
+    """3 of 4 groups kept per round: step 1 needs two rounds and carries 2 groups; step 2 (round 0 sent ahead by
+    policy 0, two rounds sent for step 3 by policy 1) carries one group of policy 0, which at step 3 is two updates
+    old and must be dropped, or staleness would reach 2."""
+    with make_overlap_trainer(
+        policy_dir, tmp_path, reward=three_of_four, dynamic_sampling=True, max_generation_batches=4, max_steps=4
+    ) as (trainer, _):
+        trainer.train()
+    assert trainer.state.global_step == 4
+    assert logged(trainer, "dynamic_sampling/rounds")[:2] == [2, 1]
+    assert logged(trainer, "async/stale_dropped")[2] >= 1
+    assert all(m <= 1 for m in logged(trainer, "async/staleness_max"))
+
+
+def test_resume_from_a_checkpoint_with_a_round_in_flight_continues_exactly(policy_dir, tmp_path):
+    stop, steps = 2, 4
+    common = dict(max_steps=steps, save_strategy="steps", save_steps=1)
+    with make_overlap_trainer(policy_dir, tmp_path / "straight", **common) as (straight, _):
+        straight.train()
+    with make_overlap_trainer(policy_dir, tmp_path / "resumed", stop_at=stop, **common) as (first, _):
+        first.train()
+    checkpoint = tmp_path / "resumed" / f"checkpoint-{stop}"
+    saved = json.loads((checkpoint / STATE_FILE.format(rank=0)).read_text())
+    assert [(r["step"], r["index"], r["version"]) for r in saved["rounds"]] == [(stop, 0, stop - 1)]
+    with make_overlap_trainer(policy_dir, tmp_path / "resumed", **common) as (second, _):
+        calls = record_generate_calls(second)
+        second.train(resume_from_checkpoint=str(checkpoint))
+    assert second.state.global_step == steps
+    # the saved round trained step stop + 1: nothing was generated for it; the first request sent step stop + 2's
+    assert (stop, "overlap-0") not in [c["seed_key"] for c in calls]
+    assert calls[0]["seed_key"] == (stop + 1, "overlap-0") and calls[0]["adapter"] == f"policy-{stop}"
+    assert logged(second, "async/staleness_max") == [0] + [1] * (steps - 1)  # the log history was restored too
+    assert logged(second, "reward") == logged(straight, "reward")
+    assert logged(second, "sampling/importance_sampling_ratio/mean") == logged(
+        straight, "sampling/importance_sampling_ratio/mean"
+    )
+    a, b = trainable(straight), trainable(second)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)  # bitwise: same ops, same order
+    assert straight._stream.state() == second._stream.state()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A killed server, the recipe checks and --dry-run
+
+
+@pytest.mark.timeout(180)  # a hang fails the test instead of the suite
+def test_a_server_killed_with_a_round_in_flight_ends_the_run_with_one_line(policy_dir, tmp_path, capsys, monkeypatch):
+    from hf_grpo.generation.server_generator import ServerGenerator
+
+    from .helpers.fake_vllm_server import start_subprocess
+    from .helpers.overlap_run import kill_while_in_flight
+
+    server = start_subprocess(policy_dir, enable_lora=True, max_lora_rank=8, logprobs_mode="processed_logprobs")
+    killed = kill_while_in_flight(monkeypatch, ServerGenerator, server, step=2)
+    out = tmp_path / "run"
+    argv = [
+        "recipes/tiny.yaml", "--model_name_or_path", str(policy_dir), "--output_dir", str(out),
+        "--warm_start_steps", "0", "--max_steps", "50", "--logging_steps", "1", "--eval_before_after", "false",
+        "--task_eval_steps", "0", "--per_device_train_batch_size", "8", "--num_generations", "4",
+        "--max_completion_length", "8", "--arithmetic_train_size", "64", "--arithmetic_eval_size", "8",
+        "--lora_r", "8", "--lora_alpha", "16", "--dynamic_sampling", "false",
+        "--generation.backend", "vllm_server", "--generation.base_url", server.url, "--generation.overlap", "true",
+        "--generation.request_timeout", "5", "--generation.max_retries", "1",
+    ]  # fmt: skip
+    start = time.monotonic()
+    try:
+        code = main(argv)
+    finally:
+        server.stop()
+    assert killed.is_set(), "the server was not killed with a round in flight"
+    assert time.monotonic() - start < 120
+    err = capsys.readouterr().err
+    assert code == 1, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert f"the vLLM server at {server.url} stopped answering" in errors[0]
+    assert errors[0].endswith(f"resume with: python -m hf_grpo.train {' '.join(argv)} --resume_from_checkpoint auto")
+    history = json.loads((out / "training_history.json").read_text())
+    assert max(r["step"] for r in history if "reward" in r) <= 3
+
+
+def dry_run(argv, capsys) -> tuple[int, str, str]:
+    code = main([*argv, "--dry-run"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_colocated_layout_with_overlap_is_refused_by_dry_run(capsys):
+    code, _, err = dry_run(["recipes/qwen7b-lora-2node.yaml", "--generation.overlap", "true"], capsys)
+    line = one_error(err)
+    assert code == 2 and "generation.overlap cannot work with generation.backend vllm_colocate" in line
+    assert "a colocated engine shares the training devices" in line
+
+
+def test_dry_run_of_the_dedicated_recipe_says_overlap_is_on(capsys):
+    code, out, err = dry_run(["recipes/qwen7b-lora-dedicated.yaml"], capsys)  # the recipe turns it on
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith("overlap:")]
+    assert line.startswith("overlap: on:") and "at most 1 update(s) older" in line
+    code, out, err = dry_run(["recipes/qwen7b-lora-dedicated.yaml", "--generation.overlap", "false"], capsys)
+    assert code == 0 and "overlap: off" in out, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "mentions"),
+    [
+        (
+            ["--vllm_importance_sampling_correction", "false"],
+            ["generation.overlap", "vllm_importance_sampling_correction"],
+        ),
+        (["--generation.max_staleness", "0"], ["generation.max_staleness must be 1 or more"]),
+    ],
+    ids=["no-is-correction", "staleness-0"],
+)
+def test_overlap_recipe_values_that_cannot_work_are_refused(capsys, extra, mentions):
+    argv = ["recipes/qwen7b-lora-dedicated.yaml", "--generation.overlap", "true", *extra]
+    code, _, err = dry_run(argv, capsys)
+    line = one_error(err)
+    assert code == 2 and all(m in line for m in mentions), line
+
+
+@pytest.mark.parametrize(("overlap", "staleness", "loras"), [(False, 1, "2"), (True, 1, "3"), (True, 3, "5")])
+def test_the_server_holds_an_adapter_per_version_that_may_still_generate(overlap, staleness, loras):
+    gen = GenerationArguments(backend="vllm_server", overlap=overlap, max_staleness=staleness)
+    cmd, _ = server_command(gen, "m", "lora", 8, None, 0)
+    assert cmd[cmd.index("--max-loras") + 1] == loras
