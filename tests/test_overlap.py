@@ -393,8 +393,10 @@ def test_dry_run_of_the_dedicated_recipe_says_overlap_is_on(capsys):
             ["generation.overlap", "vllm_importance_sampling_correction"],
         ),
         (["--generation.max_staleness", "0"], ["generation.max_staleness must be 1 or more"]),
+        (["--num_iterations", "2"], ["generation.max_staleness 1 is below the 2 optimizer steps", "to 2 or more"]),
+        (["--steps_per_generation", "48"], ["generation.overlap needs", "(48)", "gradient_accumulation_steps (32)"]),
     ],
-    ids=["no-is-correction", "staleness-0"],
+    ids=["no-is-correction", "staleness-0", "two-updates-per-generation", "generation-mid-step"],
 )
 def test_overlap_recipe_values_that_cannot_work_are_refused(capsys, extra, mentions):
     argv = ["recipes/qwen7b-lora-dedicated.yaml", "--generation.overlap", "true", *extra]

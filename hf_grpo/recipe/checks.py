@@ -276,6 +276,25 @@ def check_generation_section(generation: GenerationArguments, model: ModelArgume
         raise RecipeError(f"{where}: " + "; ".join(problems))
 
 
+def check_overlap_cycle(generation: GenerationArguments, plan: BatchPlan, num_iterations: int, where: str) -> None:
+    """With ``generation.overlap``, generations start optimizer steps and the staleness bound covers one cycle (the
+    trainer checks the same for API users, after the model has loaded)."""
+    if not generation.overlap:
+        return
+    every, ga = plan.steps_per_generation * num_iterations, plan.gradient_accumulation_steps
+    if every % ga:
+        raise RecipeError(
+            f"{where}: generation.overlap needs steps_per_generation x num_iterations ({every}) to be a multiple of "
+            f"gradient_accumulation_steps ({ga}), so that every generation starts an optimizer step"
+        )
+    if generation.max_staleness < every // ga:
+        raise RecipeError(
+            f"{where}: generation.max_staleness {generation.max_staleness} is below the {every // ga} optimizer steps "
+            f"one generation serves (steps_per_generation x num_iterations / gradient_accumulation_steps), so no "
+            f"round can be sent ahead; set generation.max_staleness to {every // ga} or more"
+        )
+
+
 def check_precision(model: ModelArguments, layout: Layout, where: str) -> None:
     """Full fine-tuning of half-precision weights needs fp32 master weights, which only DeepSpeed keeps (why: see
     docs/recipes.md, "Precision"); PEFT creates LoRA adapters in fp32, so a LoRA recipe may load a bf16 base."""

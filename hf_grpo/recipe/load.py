@@ -60,6 +60,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     checks.check_precision(model, layout, where)
     hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run, where)
     training = _training_config(values, plan, generation, model.use_peft, layout, for_run, where)
+    checks.check_overlap_cycle(generation, plan, training.num_iterations, where)
     if nested["generation"]:
         values["generation"] = nested["generation"]
     recipe = Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, generation, env)
