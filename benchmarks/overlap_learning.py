@@ -93,7 +93,7 @@ def start_server(policy: Path, seed: int, log: Path) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"the stand-in server did not become healthy in 300 s; its log: {log}")
 
 
-def run_one(mode: str, seed: int, policy: Path, root: Path, max_steps: int | None) -> dict:
+def run_one(mode: str, seed: int, policy: Path, root: Path, max_steps: int | None, extra: list[str]) -> dict:
     out = root / f"seed{seed}-{mode}"
     server, url = start_server(policy, seed, root / f"seed{seed}-{mode}-server.log")
     argv = [sys.executable, "-m", "hf_grpo.train", str(RECIPE), "--seed", str(seed), "--output_dir", str(out)]
@@ -101,7 +101,7 @@ def run_one(mode: str, seed: int, policy: Path, root: Path, max_steps: int | Non
     argv += ["--logging_steps", "1"]  # every step's own record: the staleness counts below are exact
     argv += ["--generation.backend", "vllm_server", "--generation.base_url", url]
     if mode == "overlap":
-        argv += ["--generation.overlap", "true"]
+        argv += ["--generation.overlap", "true", *extra]
     if max_steps is not None:
         argv += ["--max_steps", str(max_steps)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -149,6 +149,10 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--out", default="/tmp/hf_grpo_bench_overlap_learning")
+    parser.add_argument("--modes", nargs="+", choices=["sync", "overlap"], default=["sync", "overlap"])
+    parser.add_argument(
+        "--overlap-args", default="", help="more recipe keys for the overlapped runs, e.g. '--beta 0.01'"
+    )
     args = parser.parse_args()
     recipe = yaml.safe_load(RECIPE.read_text())
     root = Path(args.out)
@@ -158,7 +162,8 @@ def main() -> int:
     for seed in args.seeds:
         policy = build_policy(seed, recipe, root / f"policy-seed{seed}")
         modes = ["sync", "overlap"] if seed % 2 == 0 else ["overlap", "sync"]
-        runs = {mode: run_one(mode, seed, policy, root, args.max_steps) for mode in modes}
+        modes = [m for m in modes if m in args.modes]
+        runs = {mode: run_one(mode, seed, policy, root, args.max_steps, args.overlap_args.split()) for mode in modes}
         rows.append(runs)
         for mode in modes:
             r = runs[mode]
@@ -171,7 +176,8 @@ def main() -> int:
                     f"gain {r['gain']:+.3f} [{low:+.3f}, {high:+.3f}]  {r['seconds']:.0f} s",
                     flush=True,
                 )
-    print(table(rows))
+    if all(len(runs) == 2 for runs in rows):
+        print(table(rows))
     return 0
 
 

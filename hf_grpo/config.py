@@ -16,9 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-import trl
 from trl import GRPOConfig, ModelConfig
-from trl.trainer.utils import get_config_model_id
 
 
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -184,10 +182,12 @@ def hf_config(model, args) -> HfGRPOConfig:
     if isinstance(args, HfGRPOConfig):
         return args
     if args is None:
+        from trl.trainer.utils import get_config_model_id  # loads transformers' integrations: not on --help's path
+
         name = model if isinstance(model, str) else get_config_model_id(model.config)
         return HfGRPOConfig(f"{name.split('/')[-1]}-GRPO")
-    if isinstance(args, trl.GRPOConfig):
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(trl.GRPOConfig) if f.init}
+    if isinstance(args, GRPOConfig):
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GRPOConfig) if f.init}
         values.pop("generation_batch_size")  # derived in __post_init__ from steps_per_generation, which is kept
         return HfGRPOConfig(**values)
     raise TypeError(f"hf_grpo.GRPOTrainer needs an HfGRPOConfig (or a trl.GRPOConfig), got {type(args).__name__}")
