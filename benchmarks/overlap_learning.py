@@ -2,6 +2,7 @@
 
     python benchmarks/overlap_learning.py                    # seeds 0 1 2, sync and overlap each (~15 min on 2 cores)
     python benchmarks/overlap_learning.py --seeds 0 --max-steps 10   # a quick look
+    python benchmarks/overlap_learning.py --reuse --out DIR          # the table again from the runs in DIR
 
 What runs, and how (the output says it again next to the numbers):
 
@@ -93,6 +94,16 @@ def start_server(policy: Path, seed: int, log: Path) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"the stand-in server did not become healthy in 300 s; its log: {log}")
 
 
+def reused(mode: str, seed: int, out: Path) -> dict | None:
+    """A finished run already in ``out`` (``--reuse``): its measurements, with the wall time its row file kept."""
+    if not (out / "eval_after.jsonl").is_file():
+        return None
+    saved = out.parent / f"seed{seed}-{mode}.json"
+    seconds = json.loads(saved.read_text())["seconds"] if saved.is_file() else float("nan")
+    row = {"seed": seed, "mode": mode, "seconds": seconds, "returncode": 0, "dir": str(out), "reused": True}
+    return {**row, **gain_from_run(out), "staleness": staleness_counts(out)}
+
+
 def run_one(mode: str, seed: int, policy: Path, root: Path, max_steps: int | None, extra: list[str]) -> dict:
     out = root / f"seed{seed}-{mode}"
     server, url = start_server(policy, seed, root / f"seed{seed}-{mode}-server.log")
@@ -118,6 +129,7 @@ def run_one(mode: str, seed: int, policy: Path, root: Path, max_steps: int | Non
     if code == 0:
         row.update(gain_from_run(out))
         row["staleness"] = staleness_counts(out)
+        (root / f"seed{seed}-{mode}.json").write_text(json.dumps({"seconds": row["seconds"], "argv": argv}))
     return row
 
 
@@ -151,6 +163,9 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/hf_grpo_bench_overlap_learning")
     parser.add_argument("--modes", nargs="+", choices=["sync", "overlap"], default=["sync", "overlap"])
     parser.add_argument(
+        "--reuse", action="store_true", help="take a finished run found in --out instead of running it again"
+    )
+    parser.add_argument(
         "--overlap-args", default="", help="more recipe keys for the overlapped runs, e.g. '--beta 0.01'"
     )
     args = parser.parse_args()
@@ -163,7 +178,11 @@ def main() -> int:
         policy = build_policy(seed, recipe, root / f"policy-seed{seed}")
         modes = ["sync", "overlap"] if seed % 2 == 0 else ["overlap", "sync"]
         modes = [m for m in modes if m in args.modes]
-        runs = {mode: run_one(mode, seed, policy, root, args.max_steps, args.overlap_args.split()) for mode in modes}
+        runs = {}
+        for mode in modes:
+            found = reused(mode, seed, root / f"seed{seed}-{mode}") if args.reuse else None
+            extra = args.overlap_args.split()
+            runs[mode] = found or run_one(mode, seed, policy, root, args.max_steps, extra)
         rows.append(runs)
         for mode in modes:
             r = runs[mode]
@@ -173,7 +192,8 @@ def main() -> int:
                 low, high = r["ci95"]
                 print(
                     f"seed {seed} {mode:<7} before {r['before_accuracy']:.3f} after {r['after_accuracy']:.3f} "
-                    f"gain {r['gain']:+.3f} [{low:+.3f}, {high:+.3f}]  {r['seconds']:.0f} s",
+                    f"gain {r['gain']:+.3f} [{low:+.3f}, {high:+.3f}]  {r['seconds']:.0f} s"
+                    + (f"  (reused: {r['dir']})" if r.get("reused") else ""),
                     flush=True,
                 )
     if all(len(runs) == 2 for runs in rows):

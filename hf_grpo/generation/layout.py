@@ -68,7 +68,8 @@ class GenerationArguments:
             `vllm_server` only: the server generates the next step's prompts while the trainer scores and trains the
             current step (one-step off-policy, as verl and NeMo RL's async GRPO). Each batch then comes from a policy
             up to `max_staleness` updates old, and TRL's vLLM importance-sampling correction reweights it
-            (`vllm_importance_sampling_correction` must stay true). How and why: hf_grpo/generation/overlap.py.
+            (`vllm_importance_sampling_correction` must stay true; `vllm_importance_sampling_mode` then defaults to
+            `token_truncate`). How and why: hf_grpo/generation/overlap.py.
         max_staleness (`int`, defaults to `1`):
             With `overlap`: the most optimizer steps a trained batch's generating policy may lag the trained one
             (logged as `async/staleness`). Carried dynamic-sampling groups older than this are dropped.

@@ -29,9 +29,12 @@ and its vLLM importance-sampling weight, and the loss is, per completion token `
     L_t = -min(ρ_t A, clip(ρ_t, 1 - ε, 1 + ε_high) A) · T(w)
 
 with ``T`` TRL's truncation (``vllm_importance_sampling_mode``): ``token_truncate`` ``T(w) = min(w_t, C_max)``
-(truncated importance sampling, Yao et al. 2025), ``sequence_mask`` (TRL's default) ``T(w) = Π_t w_t``, or 0 when
-outside ``[C_min, C_max]``. This is TRL's correction for the vLLM/trainer numeric mismatch, unchanged; with
-overlap ``μ_v`` is also one update older, and the same weight corrects both. It is AReaL's decoupled PPO objective
+(truncated importance sampling, Yao et al. 2025; what verl's one-step off-policy mode uses), or ``sequence_mask``
+(TRL's default) ``T(w) = Π_t w_t``, or 0 when outside ``[C_min, C_max]``. This is TRL's correction for the
+vLLM/trainer numeric mismatch, unchanged; with overlap ``μ_v`` is also one update older, and the same weight corrects
+both. A recipe with overlap that does not name a mode gets ``token_truncate``: a product of one-update-old per-token
+ratios spreads far (0.01 to 3 on the default task), and with ``sequence_mask`` two of three seeds learned less than
+the synchronous run (``benchmarks/overlap_learning.py``). It is AReaL's decoupled PPO objective
 with the proximal policy ``π_old``. Carried dynamic-sampling groups keep the ``π_old`` and weight of the step that
 scored them, so ``ρ_t · w_t = π_θ / μ_v`` stays right for them. Hence overlap needs
 ``vllm_importance_sampling_correction: true``.

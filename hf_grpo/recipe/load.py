@@ -56,6 +56,9 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     _check_built(values, env, miniature, plan, model, data_args, rewards, built_later, where)
     generation = GenerationArguments(**nested["generation"])
     checks.check_generation_section(generation, model, values, where)
+    if generation.overlap and "vllm_importance_sampling_mode" not in values:  # why: hf_grpo/generation/overlap.py
+        values["vllm_importance_sampling_mode"] = "token_truncate"
+        sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
     checks_env.check_sizes(model, values, generation, env, where, built_later)
     checks.check_precision(model, layout, where)
     hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run, where)
