@@ -265,16 +265,14 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _log_staleness(self, versions: torch.Tensor) -> None:
         """``async/staleness`` (mean, ``_max``, ``_<k>`` groups per value): how many updates old the policies that
-        generated this batch's groups are; ``async/unused_rounds``; ``time/server_generate``: seconds from sending
-        this step's rounds to their last answer (while training ran, for rounds sent ahead)."""
+        generated this batch's groups are; ``time/server_generate``: seconds from sending this step's rounds to their
+        last answer (while training ran, for rounds sent ahead)."""
         lag = self.state.global_step - self.accelerator.gather(versions)  # [groups, all processes]
         self.record_metric("async/staleness", lag.float().mean().item())
         self.record_metric("async/staleness_max", lag.max().item())
         for k in range(self.generator.max_staleness + 1):
             self.record_metric(f"async/staleness_{k}", int((lag == k).sum()))
-        unused, server_seconds = self._ahead.take_unused()
-        self.record_metric("async/unused_rounds", unused)
-        self.record_metric("time/server_generate", server_seconds)
+        self.record_metric("time/server_generate", self._ahead.take_server_seconds())
 
     def _score(self, inputs, mode: str) -> dict:
         """TRL's generation and scoring of ``inputs``, with our advantages and reward metrics."""
@@ -430,9 +428,6 @@ class GRPOTrainer(trl.GRPOTrainer):
                     break
                 bar.show(ready, f"round {rounds + 1}/{max_rounds}, {kept_groups}/{generated_groups} groups kept")
                 inputs = self._next_round_inputs(needed, index=rounds)
-
-        if self._ahead is not None:
-            self._ahead.finish_cycle(rounds)
 
         batch_groups, filled = assemble_batch(self._pool, dropped, needed)
         # Rounds run until the process with the fewest kept groups has enough; the others keep at most one step's

@@ -139,23 +139,21 @@ def test_max_staleness_two_sends_two_cycles_ahead():
     assert [(r.step, r.version) for r in ahead.planned] == [(2, 0), (3, 1)]
 
 
-def test_a_planned_round_a_cycle_did_not_need_is_discarded_and_counted():
+def test_only_a_cycles_first_round_is_sent_ahead_and_further_rounds_use_the_current_adapter():
+    """Dynamic sampling's further rounds are drawn and generated during their own cycle, with the adapter being
+    trained (lag 0): sending them ahead too made nearly every group one update old, and learning fell behind."""
     gen, trainer = FakeGenerator(), FakeTrainer()
     ahead = lookahead(gen, trainer)
     cycle(ahead, trainer)
-    ahead.finish_cycle(2)  # dynamic sampling needed two rounds: the cycles sent from now on get two
-    trainer.state.global_step = 1
-    cycle(ahead, trainer)  # takes the round planned for step 1, sends rounds 0 and 1 of step 2
-    ahead.finish_cycle(1)
-    assert [(r.step, r.index) for r in ahead.planned] == [(2, 0), (2, 1)]
-    assert ahead.take_unused()[0] == 0
-    trainer.state.global_step = 2
-    cycle(ahead, trainer)
-    assert ahead.take_unused()[0] == 0  # round 1 of step 2 may still be asked for
-    trainer.state.global_step = 3
-    ahead.rows(trainer, 2, index=0)
-    assert ahead.take_unused()[0] == 1 and ahead.take_unused()[0] == 0
-    assert all(r.step == 3 for r in [ahead.current, *ahead.planned])
+    trainer.state.global_step, gen.adapter_name = 1, "policy-1"
+    cycle(ahead, trainer)  # takes the round planned for step 1 and sends step 2's first round only
+    assert [(r.step, r.index, r.version) for r in ahead.planned] == [(2, 0, 1)]
+    rows = ahead.rows(trainer, 2, index=1)  # a further round of step 1: drawn now, generated now
+    assert ahead.current.version == 1 and ahead.current.prompt_ids is None
+    calls = len(gen.calls)
+    ahead.generate(trainer, prompt_ids_of(trainer, rows), G)
+    assert gen.calls[calls]["adapter"] is None and gen.calls[calls]["seed_key"] == (1, "overlap-1")
+    assert ahead.last_version == 1 and [(r.step, r.index) for r in ahead.planned] == [(2, 0)]
 
 
 def test_in_use_names_the_adapters_of_rounds_still_generating():
@@ -194,7 +192,6 @@ def test_save_and_load_give_back_the_planned_rounds(tmp_path):
     gen, trainer = FakeGenerator(), FakeTrainer()
     ahead = lookahead(gen, trainer, max_staleness=2)
     cycle(ahead, trainer)
-    ahead.finish_cycle(1)
     ahead.save(str(tmp_path), rank=0)
     assert (tmp_path / STATE_FILE.format(rank=0)).is_file()
     again = lookahead(FakeGenerator(), trainer, max_staleness=2)

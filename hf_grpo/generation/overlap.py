@@ -15,9 +15,11 @@ cycle is ``steps_per_generation x num_iterations / gradient_accumulation_steps``
 
 Prompts. Step s+1's prompts must be known during step s, before TRL's dataloader hands them over, so every training
 round draws its prompts from the trainer's ``PromptStream`` (sampling.py: shuffled epochs from the training seed,
-the same on every process, saved in checkpoints) instead of the dataloader. With dynamic sampling the further rounds
-a cycle will need (as many as the last cycle needed) are sent ahead too; a planned round a cycle did not need is
-discarded (``async/unused_rounds``).
+the same on every process, saved in checkpoints) instead of the dataloader. With dynamic sampling only a cycle's first
+round is sent ahead; the further rounds it needs are generated during the cycle with the current adapter (lag 0).
+Sending those ahead too (as many as the last cycle needed) was measured first: then nearly every trained group was
+one update old, and on the default task the held-out gain fell outside the synchronous run's 95% interval on 3 of 3
+seeds; with only the first round ahead it stayed inside on 3 of 3 (the closing note of issue 22 has the table).
 
 Off-policy correction. Each round carries the server's per-token log-probs of the sampled tokens (``μ_v``, the
 adapter ``v`` that generated it, after temperature: ``--logprobs-mode processed_logprobs``) and its version ``v``.
@@ -33,8 +35,7 @@ with ``T`` TRL's truncation (``vllm_importance_sampling_mode``): ``token_truncat
 (TRL's default) ``T(w) = Π_t w_t``, or 0 when outside ``[C_min, C_max]``. This is TRL's correction for the
 vLLM/trainer numeric mismatch, unchanged; with overlap ``μ_v`` is also one update older, and the same weight corrects
 both. A recipe with overlap that does not name a mode gets ``token_truncate``: a product of one-update-old per-token
-ratios spreads far (0.01 to 3 on the default task), and with ``sequence_mask`` two of three seeds learned less than
-the synchronous run (``benchmarks/overlap_learning.py``). It is AReaL's decoupled PPO objective
+ratios spreads far (0.01 to 3 on the default task); docs/generation.md has the measurements behind the choice. It is AReaL's decoupled PPO objective
 with the proximal policy ``π_old``. Carried dynamic-sampling groups keep the ``π_old`` and weight of the step that
 scored them, so ``ρ_t · w_t = π_θ / μ_v`` stays right for them. Hence overlap needs
 ``vllm_importance_sampling_correction: true``.
@@ -120,17 +121,14 @@ class Lookahead:
         self.depth = max_staleness // cycle_steps  # cycles sent ahead
         self.planned: deque[Round] = deque()
         self.current: Round | None = None  # the round whose rows were handed to TRL last
-        self.extra_rounds = 0  # further rounds sent ahead per cycle: the last cycle's count less one
-        self.unused = 0  # planned rounds discarded since the last ``take_unused``
-        self.server_seconds = 0.0  # generation seconds of the rounds used since the last ``take_unused``
+        self.server_seconds = 0.0  # generation seconds of the rounds used since the last ``take_server_seconds``
 
     def rows(self, trainer, groups: int, index: int) -> list[dict]:
         """Dataset rows (each ``num_generations`` times) of round ``index`` of the cycle starting now: the round
         planned for it if there is one, else ``groups`` per process drawn from the stream now."""
         step = trainer.state.global_step
-        while self.planned and (self.planned[0].step, self.planned[0].index) < (step, index):
-            self.planned.popleft()  # planned for a cycle that needed fewer rounds
-            self.unused += 1
+        while self.planned and self.planned[0].step < step:
+            self.planned.popleft()  # planned for a cycle that never ran (not expected: kept as a guard)
         if self.planned and (self.planned[0].step, self.planned[0].index) == (step, index):
             self.current = self.planned.popleft()
         else:
@@ -169,19 +167,18 @@ class Lookahead:
         return result
 
     def _send_ahead(self, trainer, groups: int) -> None:
-        """Send the rounds of the next ``depth`` cycles that are not planned yet, generated with the current adapter."""
+        """Send the first rounds of the next ``depth`` cycles that are not planned yet, with the current adapter."""
         step = trainer.state.global_step
         for ahead in range(1, self.depth + 1):
             target = step + ahead * self.cycle_steps
             if any(r.step == target for r in self.planned):
                 continue
-            for index in range(1 + self.extra_rounds):
-                round_ = Round(target, index, self._draw(trainer, groups), version=step)
-                prompts = [trainer.train_dataset[i]["prompt"] for i in round_.rows]
-                unique = trainer._tokenize_prompts(prompts)[0]
-                round_.prompt_ids = [list(ids) for ids in unique for _ in range(self.num_generations)]
-                self._start(trainer, round_)
-                self.planned.append(round_)
+            round_ = Round(target, 0, self._draw(trainer, groups), version=step)
+            prompts = [trainer.train_dataset[i]["prompt"] for i in round_.rows]
+            unique = trainer._tokenize_prompts(prompts)[0]
+            round_.prompt_ids = [list(ids) for ids in unique for _ in range(self.num_generations)]
+            self._start(trainer, round_)
+            self.planned.append(round_)
 
     def _start(self, trainer, round_: Round) -> None:
         adapter, key = self.generator.adapter_name, (round_.step, f"overlap-{round_.index}")
@@ -205,15 +202,10 @@ class Lookahead:
         waves = math.ceil(max(rows // self.num_generations, 1) / client.max_concurrent_requests)
         return client.worst_case_s * waves + 60.0
 
-    def finish_cycle(self, rounds: int) -> None:
-        """Dynamic sampling: the cycle needed ``rounds`` rounds; the next cycles sent get as many."""
-        self.extra_rounds = rounds - 1
-
-    def take_unused(self) -> tuple[int, float]:
-        """(planned rounds discarded, generation seconds of the rounds used) since the last call."""
-        taken = self.unused, self.server_seconds
-        self.unused, self.server_seconds = 0, 0.0
-        return taken
+    def take_server_seconds(self) -> float:
+        """Generation seconds of the rounds used since the last call (send to last answer)."""
+        seconds, self.server_seconds = self.server_seconds, 0.0
+        return seconds
 
     # ------------------------------------------------------------------------------------------------------------
     # Checkpoints
@@ -223,7 +215,7 @@ class Lookahead:
         rounds = list(self.planned)
         for round_ in rounds:
             round_.wait(self._wait_limit(len(round_.prompt_ids)))
-        state = {"extra_rounds": self.extra_rounds, "rounds": [r.to_json() for r in rounds]}
+        state = {"rounds": [r.to_json() for r in rounds]}
         path = os.path.join(folder, STATE_FILE.format(rank=rank))
         with open(path + ".tmp", "w") as f:
             json.dump(state, f)
@@ -239,5 +231,4 @@ class Lookahead:
             )
         with open(path) as f:
             state = json.load(f)
-        self.extra_rounds = state["extra_rounds"]
         self.planned = deque(Round.from_json(r) for r in state["rounds"])
