@@ -18,8 +18,8 @@ round draws its prompts from the trainer's ``PromptStream`` (sampling.py: shuffl
 the same on every process, saved in checkpoints) instead of the dataloader. With dynamic sampling only a cycle's first
 round is sent ahead; the further rounds it needs are generated during the cycle with the current adapter (lag 0).
 Sending those ahead too (as many as the last cycle needed) was measured first: then nearly every trained group was
-one update old, and on the default task the held-out gain fell outside the synchronous run's 95% interval on 3 of 3
-seeds; with only the first round ahead it stayed inside on 3 of 3 (the closing note of issue 22 has the table).
+one update old, and on the default task the held-out gain fell outside the synchronous run's 95% interval on 2 of 3
+seeds; with only the first round ahead it stayed inside on 3 of 3 (docs/generation.md has the numbers).
 
 Off-policy correction. Each round carries the server's per-token log-probs of the sampled tokens (``μ_v``, the
 adapter ``v`` that generated it, after temperature: ``--logprobs-mode processed_logprobs``) and its version ``v``.
