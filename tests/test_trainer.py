@@ -16,6 +16,7 @@ from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
 from .helpers import reward_scripts
+from .helpers.callbacks import StopAt
 from .helpers.common import tiny_config, tiny_lora
 
 
@@ -253,15 +254,6 @@ def test_rloo_advantages_are_leave_one_out(tiny, tmp_path):
 
 def test_dr_grpo_estimator_disables_std_scaling(tmp_path):
     assert HfGRPOConfig(output_dir=str(tmp_path), advantage_estimator="dr_grpo", bf16=False).scale_rewards == "none"
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
 
 
 def test_resume_continues_exactly(tiny, tmp_path):

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from hf_grpo.generation.server_generator import ServerGenerator
 from hf_grpo.trainer import GRPOTrainer
 
+from .callbacks import StopAt
 from .common import tiny_config, tiny_lora
 from .fake_vllm_server import start_in_thread
 from .reward_scripts import alternating
@@ -32,15 +33,6 @@ def three_of_four(prompts, completions, **kwargs) -> list[float]:
     """Rewards that vary in three groups of every four (of 4 completions): 3 of 4 groups kept per round, so dynamic
     sampling needs two rounds for 4 groups and carries the surplus."""
     return [float(i % 2) if (i // 4) % 4 != 3 else 0.0 for i in range(len(prompts))]
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
 
 
 class StepTimes(TrainerCallback):
