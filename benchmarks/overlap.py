@@ -14,7 +14,7 @@ What it runs, and how (the output says it again next to the numbers):
   DeepSpeed ZeRO-2, RLOO, beta 0.01, vLLM importance-sampling correction) through ``python -m hf_grpo.train``, i.e.
   the launcher starts the vLLM server and one training process, with ``--num_processes 1`` and batch sizes from the
   command line (``--per-device``, ``--accumulation``; ``num_generations`` is the miniature's 4). Both modes get the
-  same arguments; the overlapped one adds ``--generation.overlap true`` (``max_staleness`` 1).
+  same arguments, ``--generation.overlap true`` or ``false`` (the recipe has ``true``; ``max_staleness`` 1).
 - Pinning: the launcher and everything it starts run under ``taskset -c TRAINER_CORE`` with ``OMP_NUM_THREADS=1``;
   the server's command (``--generation.serve_command``) is ``taskset -c SERVER_CORE`` + the command the miniature
   uses for this vLLM, plus the CPU build's flags the launcher adds to that command (``--no-enable-chunked-prefill``);
@@ -110,8 +110,7 @@ def run_command(args, out: Path, overlap: bool, dynamic: bool, server) -> tuple[
     argv += ["--max_steps", str(args.max_steps), "--dynamic_sampling", str(dynamic).lower()]
     argv += ["--per_device_train_batch_size", str(args.per_device)]
     argv += ["--gradient_accumulation_steps", str(args.accumulation)]
-    if overlap:
-        argv += ["--generation.overlap", "true"]
+    argv += ["--generation.overlap", "true" if overlap else "false"]  # the recipe's own value is true
     env = {
         "OMP_NUM_THREADS": "1",
         "VLLM_CPU_OMP_THREADS_BIND": str(args.server_core),

@@ -3,6 +3,7 @@
     python benchmarks/overlap_learning.py                    # seeds 0 1 2, sync and overlap each (~15 min on 2 cores)
     python benchmarks/overlap_learning.py --seeds 0 --max-steps 10   # a quick look
     python benchmarks/overlap_learning.py --reuse --out DIR          # the table again from the runs in DIR
+    python benchmarks/overlap_learning.py --seeds 0 --run-args '--generation.seed 100'   # other sampling noise
 
 What runs, and how (the output says it again next to the numbers):
 
@@ -104,13 +105,15 @@ def reused(mode: str, seed: int, out: Path) -> dict | None:
     return {**row, **gain_from_run(out), "staleness": staleness_counts(out)}
 
 
-def run_one(mode: str, seed: int, policy: Path, root: Path, max_steps: int | None, extra: list[str]) -> dict:
+def run_one(
+    mode: str, seed: int, policy: Path, root: Path, max_steps: int | None, extra: list[str], both: list[str]
+) -> dict:
     out = root / f"seed{seed}-{mode}"
     server, url = start_server(policy, seed, root / f"seed{seed}-{mode}-server.log")
     argv = [sys.executable, "-m", "hf_grpo.train", str(RECIPE), "--seed", str(seed), "--output_dir", str(out)]
     argv += ["--model_name_or_path", str(policy), "--warm_start_steps", "0", "--disable_tqdm", "true"]
     argv += ["--logging_steps", "1"]  # every step's own record: the staleness counts below are exact
-    argv += ["--generation.backend", "vllm_server", "--generation.base_url", url]
+    argv += ["--generation.backend", "vllm_server", "--generation.base_url", url, *both]
     if mode == "overlap":
         argv += ["--generation.overlap", "true", *extra]
     if max_steps is not None:
@@ -168,11 +171,18 @@ def main() -> int:
     parser.add_argument(
         "--overlap-args", default="", help="more recipe keys for the overlapped runs, e.g. '--beta 0.01'"
     )
+    parser.add_argument(
+        "--run-args",
+        default="",
+        help="more recipe keys for every run, e.g. '--generation.seed 100' (other sampling noise, same data and init)",
+    )
     args = parser.parse_args()
     recipe = yaml.safe_load(RECIPE.read_text())
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     print(f"load average before: {os.getloadavg()}; recipe {RECIPE.name}, server: the CPU stand-in (see docstring)")
+    if args.run_args or args.overlap_args:
+        print(f"every run: {args.run_args or '(recipe only)'}; overlapped runs also: {args.overlap_args or '-'}")
     rows = []
     for seed in args.seeds:
         policy = build_policy(seed, recipe, root / f"policy-seed{seed}")
@@ -182,7 +192,7 @@ def main() -> int:
         for mode in modes:
             found = reused(mode, seed, root / f"seed{seed}-{mode}") if args.reuse else None
             extra = args.overlap_args.split()
-            runs[mode] = found or run_one(mode, seed, policy, root, args.max_steps, extra)
+            runs[mode] = found or run_one(mode, seed, policy, root, args.max_steps, extra, args.run_args.split())
         rows.append(runs)
         for mode in modes:
             r = runs[mode]

@@ -1,8 +1,8 @@
 """hf_grpo's GRPOTrainer: TRL's trainer plus dynamic sampling, a leave-one-out baseline, phase timings and the
 metrics users need, through narrow overrides of TRL's hooks (``_calculate_rewards``, ``_generate``,
 ``_generate_single_turn``, ``_generate_and_score_completions``, ``training_step``, ``_save_checkpoint``,
-``_load_optimizer_and_scheduler``), each pinned by a test in ``tests/test_trl_hooks.py``. What each override does,
-the dynamic-sampling loop and the carried groups' log-probabilities: docs/trainer.md.
+``_load_optimizer_and_scheduler``; transformers' ``get_batch_samples``), each pinned in ``tests/test_trl_hooks.py``;
+what each does, the dynamic-sampling loop and the carried groups' log-probabilities: docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         if problems:
             raise ValueError("generation.overlap needs " + "; ".join(problems))
         cycle_steps = generate_every // args.gradient_accumulation_steps
-        return Lookahead(self.generator, self._stream, self.generator.max_staleness, cycle_steps, self.num_generations)
+        shape = (self.generator.max_staleness, cycle_steps, self.num_generations, args.gradient_accumulation_steps)
+        return Lookahead(self.generator, self._stream, *shape)
 
     def _check_dynamic_sampling(self) -> None:
         args = self.args
@@ -222,6 +223,13 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._phase_seconds, self._step_started = defaultdict(float), None
         return output
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """transformers' hook that takes an optimizer step's batches; overlapped generation reads ahead of it."""
+        if self._ahead is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches = self._ahead.take(epoch_iterator, num_batches)
+        return batches, self._get_num_items_in_batch(batches, device)
+
     def _prepare_inputs(self, generation_batch):
         return self._timed("prepare", super()._prepare_inputs, generation_batch)
 
@@ -251,8 +259,8 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         overlapped = self._ahead is not None and self.model.training
-        if overlapped:  # this cycle's prompts were drawn (and sent) ahead of it: generation/overlap.py
-            inputs = self._ahead.rows(self, len(inputs) // self.num_generations, index=0)
+        if overlapped:  # this cycle's batch may have been sent ahead of it: generation/overlap.py
+            self._ahead.first_round(self, inputs)
         if self.model.training and self.args.dynamic_sampling:
             output = self._dynamic_batch(inputs)
         else:
@@ -488,8 +496,5 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._pool = sampling.load_state(checkpoint, rank, self._stream, device)
         if self._ahead is not None:
             self._ahead.load(checkpoint, rank)
-        logger.info(
-            "restored dynamic sampling state: %d carried groups, prompt stream %s",
-            len(self._pool),
-            self._stream.state(),
-        )
+        state = self._stream.state()
+        logger.info("restored dynamic sampling state: %d carried groups, prompt stream %s", len(self._pool), state)

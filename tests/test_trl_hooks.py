@@ -10,6 +10,7 @@ import inspect
 
 import pytest
 import torch
+import transformers
 import trl
 from packaging.version import Version
 
@@ -43,9 +44,29 @@ HOOKS = {
 }
 
 
+# transformers.Trainer's own hooks, which TRL leaves alone
+TRANSFORMERS_HOOKS = {"get_batch_samples": ["self", "epoch_iterator", "num_batches", "device"]}
+
+
 def test_every_overridden_trl_method_is_pinned_here():
     overridden = {n for n, v in vars(GRPOTrainer).items() if callable(v) and hasattr(trl.GRPOTrainer, n)}
-    assert overridden - {"__init__"} == set(HOOKS)
+    assert overridden - {"__init__"} == set(HOOKS) | set(TRANSFORMERS_HOOKS)
+
+
+@pytest.mark.parametrize("name, expected", TRANSFORMERS_HOOKS.items())
+def test_overridden_transformers_hook(name, expected):
+    assert name in GRPOTrainer.__dict__, f"hf_grpo no longer overrides {name}; update this list"
+    assert name not in trl.GRPOTrainer.__dict__, f"trl.GRPOTrainer now defines {name}: ours would bypass TRL's"
+    assert params(transformers.Trainer, name) == expected
+    assert params(GRPOTrainer, name) == expected
+
+
+def test_transformers_takes_each_steps_batches_through_get_batch_samples():
+    # overlapped generation reads the dataloader ahead in get_batch_samples (generation/overlap.py): every optimizer
+    # step's batches must come through it, from the epoch's iterator, and our override reuses the item count
+    source = inspect.getsource(transformers.Trainer)
+    assert "self.get_batch_samples(epoch_iterator, num_batches, self.args.device)" in source
+    assert params(transformers.Trainer, "_get_num_items_in_batch") == ["self", "batch_samples", "device"]
 
 
 def test_trl_init_takes_the_arguments_we_pass():

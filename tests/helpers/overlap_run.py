@@ -114,7 +114,8 @@ def record_taken(trainer, num_generations: int = 4) -> dict[int, list[list[int]]
 
 
 def record_generate_calls(trainer) -> list[dict]:
-    """Every ``generator.generate`` call: ``{"thread", "adapter", "seed_key", "step"}`` (step: global_step then)."""
+    """Every ``generator.generate`` call: ``{"thread", "adapter", "seed_key", "step", "prompt_ids"}`` (step:
+    global_step then)."""
     calls, generate = [], trainer.generator.generate
 
     def recording(t, prompt_ids, n, adapter=None, seed_key=None):
@@ -124,6 +125,7 @@ def record_generate_calls(trainer) -> list[dict]:
                 "adapter": adapter,
                 "seed_key": seed_key,
                 "step": t.state.global_step,
+                "prompt_ids": prompt_ids,
             }
         )
         return generate(t, prompt_ids, n, adapter=adapter, seed_key=seed_key)
