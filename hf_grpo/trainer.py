@@ -105,7 +105,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             raise ValueError("generation.overlap needs " + "; ".join(problems))
         cycle_steps = generate_every // args.gradient_accumulation_steps
         shape = (self.generator.max_staleness, cycle_steps, self.num_generations, args.gradient_accumulation_steps)
-        return Lookahead(self.generator, self._stream, *shape)
+        return Lookahead(self.generator, *shape)
 
     def _check_dynamic_sampling(self) -> None:
         args = self.args
@@ -351,13 +351,13 @@ class GRPOTrainer(trl.GRPOTrainer):
         return self.total_rewards(rewards) if self._filter_column is None else rewards[:, self._filter_column]
 
     def _next_round_inputs(self, groups: int, index: int) -> list[dict]:
-        """Rows for round ``index`` of this step: this process's share of the next prompts of the stream (or of
-        those overlapped generation sent ahead)."""
-        if self._ahead is not None:
-            return self._ahead.rows(self, groups, index)
+        """Further round ``index``: this process's share of the stream's next prompts, each num_generations times."""
         indices = self._stream.next(groups * self.accelerator.num_processes)
         mine = indices[self.accelerator.process_index * groups : (self.accelerator.process_index + 1) * groups]
-        return [self.train_dataset[i] for i in mine for _ in range(self.num_generations)]
+        rows = [self.train_dataset[i] for i in mine]
+        if self._ahead is not None:  # overlapped: drawn as a synchronous run draws them, generated now (lag 0)
+            self._ahead.further_round(self, index, rows)
+        return [row for row in rows for _ in range(self.num_generations)]
 
     def _old_logps(self, batch: dict) -> torch.Tensor:
         """Per-token log-probs of ``batch``'s completions under the current policy (no grad). [B, C]."""

@@ -27,6 +27,7 @@ from hf_grpo.generation.overlap import STATE_FILE, Lookahead
 from hf_grpo.generation.vllm_client import VLLMConnectionError
 from hf_grpo.sampling import PromptStream
 from hf_grpo.train import main
+from hf_grpo.trainer import GRPOTrainer
 
 from .helpers.overlap_run import (
     StepTimes,
@@ -101,8 +102,7 @@ def epoch(trainer, groups=2, count=6, start=0):
 
 
 def lookahead(generator, trainer, max_staleness=1, cycle_steps=1, accumulation=1):
-    stream = PromptStream(len(trainer.train_dataset), 0)
-    return Lookahead(generator, stream, max_staleness, cycle_steps, G, accumulation)
+    return Lookahead(generator, max_staleness, cycle_steps, G, accumulation)
 
 
 def cycle(ahead, trainer, batches):
@@ -193,7 +193,9 @@ def test_only_a_cycles_first_round_is_sent_ahead_and_further_rounds_use_the_curr
     trainer.state.global_step, gen.adapter_name = 1, "policy-1"
     cycle(ahead, trainer, batches)  # takes the round planned for step 1 and sends step 2's first round only
     assert [(r.step, r.index, r.version) for r in ahead.planned] == [(2, 0, 1)]
-    rows = ahead.rows(trainer, 2, index=1)  # a further round of step 1: drawn now, generated now
+    # a further round of step 1, drawn by the trainer's own code (as in a synchronous run), generated now
+    trainer._stream, trainer._ahead, trainer.num_generations = PromptStream(40, 0), ahead, G
+    rows = GRPOTrainer._next_round_inputs(trainer, 2, index=1)
     drawn = PromptStream(40, 0).next(4)[2:4]  # rank 1's share of 2 groups x 2 processes
     assert rows == [trainer.train_dataset[i] for i in drawn for _ in range(G)]
     assert ahead.current.version == 1 and ahead.current.prompt_ids is None
@@ -264,8 +266,8 @@ def test_save_and_load_give_back_the_planned_rounds(tmp_path):
 
 def test_a_staleness_bound_below_the_generation_cycle_is_refused():
     with pytest.raises(ValueError, match=r"generation\.max_staleness 1 is below the 2 optimizer steps"):
-        Lookahead(FakeGenerator(), PromptStream(8, 0), max_staleness=1, cycle_steps=2, num_generations=G)
-    assert Lookahead(FakeGenerator(), PromptStream(8, 0), max_staleness=4, cycle_steps=2, num_generations=G).depth == 2
+        Lookahead(FakeGenerator(), max_staleness=1, cycle_steps=2, num_generations=G)
+    assert Lookahead(FakeGenerator(), max_staleness=4, cycle_steps=2, num_generations=G).depth == 2
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -113,14 +113,14 @@ class Round:
 class Lookahead:
     """The rounds sent ahead of the cycles that train on them, for ``hf_grpo.GRPOTrainer`` (one per process)."""
 
-    def __init__(self, generator, stream, max_staleness: int, cycle_steps: int, num_generations: int, accumulation=1):
+    def __init__(self, generator, max_staleness: int, cycle_steps: int, num_generations: int, accumulation: int = 1):
         if max_staleness < cycle_steps:
             raise ValueError(
                 f"generation.max_staleness {max_staleness} is below the {cycle_steps} optimizer steps between two "
                 "generations (steps_per_generation x num_iterations / gradient_accumulation_steps), so no round can "
                 f"be sent ahead; set generation.max_staleness to {cycle_steps} or more"
             )
-        self.generator, self.stream = generator, stream
+        self.generator = generator
         self.cycle_steps, self.num_generations = cycle_steps, num_generations
         self.depth = max_staleness // cycle_steps  # cycles sent ahead
         self.accumulation = accumulation  # dataloader batches per optimizer step (gradient_accumulation_steps)
@@ -157,14 +157,10 @@ class Lookahead:
         else:
             self.current = Round(step, 0, inputs[:: self.num_generations], version=step)
 
-    def rows(self, trainer, groups: int, index: int) -> list[dict]:
-        """Dataset rows (each ``num_generations`` times) of further round ``index`` (1, 2, ...) of the cycle
-        starting now: ``groups`` per process drawn from the stream, generated now with the current adapter."""
-        rank, processes = trainer.accelerator.process_index, trainer.accelerator.num_processes
-        step = trainer.state.global_step
-        drawn = self.stream.next(groups * processes)[rank * groups : (rank + 1) * groups]
-        self.current = Round(step, index, [trainer.train_dataset[i] for i in drawn], version=step)
-        return [row for row in self.current.rows for _ in range(self.num_generations)]
+    def further_round(self, trainer, index: int, rows: list[dict]) -> None:
+        """Make further round ``index`` (1, 2, ...) of the cycle starting now current: ``rows`` (one per group, drawn
+        by the trainer from its prompt stream as in a synchronous run), generated now with the current adapter."""
+        self.current = Round(trainer.state.global_step, index, rows, version=trainer.state.global_step)
 
     def in_use(self) -> set[str]:
         """The adapters of rounds still generating: the sync that loads the current one must not unload them."""
@@ -177,7 +173,7 @@ class Lookahead:
         of the cycles ahead."""
         round_, self.current = self.current, None
         if round_ is None:
-            raise RuntimeError("overlapped generation: TRL generated for rows that Lookahead.rows did not hand out")
+            raise RuntimeError("overlapped generation: TRL generated for a round that Lookahead was not told of")
         if round_.prompt_ids is not None:
             if round_.prompt_ids != prompt_ids:
                 raise RuntimeError(f"overlapped generation: step {round_.step}'s prompts changed after they were sent")
