@@ -258,9 +258,10 @@ def fit_to_context(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset
     if budget is None:
         return train_dataset, eval_dataset
     mode, progress = recipe.data.long_prompts, enabled_for(recipe.training)
-    train_dataset = fit_prompts(train_dataset, tokenizer, budget, mode, "training data", progress)[0]
+    kwargs = recipe.training.chat_template_kwargs  # as TRL renders chat prompts
+    train_dataset = fit_prompts(train_dataset, tokenizer, budget, mode, "training data", progress, kwargs)[0]
     if eval_dataset is not None:
-        eval_dataset = fit_prompts(eval_dataset, tokenizer, budget, mode, "held-out data", progress)[0]
+        eval_dataset = fit_prompts(eval_dataset, tokenizer, budget, mode, "held-out data", progress, kwargs)[0]
     return train_dataset, eval_dataset
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
+import trl
 from datasets import Dataset
 
 from hf_grpo.data.arithmetic import make_split
 from hf_grpo.data.lengths import fit_prompts, prompt_budget, prompt_lengths, shortened
+from hf_grpo.evaluation.core import prompt_token_ids
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.tiny import build_tokenizer
 from hf_grpo.train import main
@@ -31,10 +34,62 @@ def chat(text: str) -> list[dict]:
     return [{"role": "system", "content": "Answer with the number."}, {"role": "user", "content": text}]
 
 
-def test_prompts_are_measured_as_the_trainer_tokenizes_them(tokenizer):
+def bos_tokenizer():
+    """The tiny tokenizer made Llama-like: it adds a BOS token in front of every text it encodes."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = build_tokenizer()
+    tokenizer.bos_token = "<|endoftext|>"
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", tokenizer.bos_token_id)]
+    )
+    return tokenizer
+
+
+def trl_prompt_ids(tokenizer, prompts: list, chat_template_kwargs: dict | None = None) -> list[list[int]]:
+    """The prompt ids TRL's own GRPOTrainer._tokenize_prompts builds (called on a stand-in for the trainer that holds
+    only what that method reads)."""
+    trainer = SimpleNamespace(
+        processing_class=tokenizer,
+        _is_vlm=False,
+        environment_factories=None,
+        tools=None,
+        chat_template=None,
+        chat_template_kwargs=chat_template_kwargs or {},
+    )
+    return [list(ids) for ids in trl.GRPOTrainer._tokenize_prompts(trainer, prompts)[0]]
+
+
+THINKING_TEMPLATE = (  # a template that reads a chat_template_kwargs key, as Qwen3's enable_thinking
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n{% if not enable_thinking %}<think></think>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("adds_bos", [False, True], ids=["no-bos", "bos"])
+def test_prompts_are_measured_and_evaluated_as_trl_tokenizes_them(adds_bos):
+    """The length measure and evaluation's prompt ids equal TRL's own tokenization, for text prompts (where a Llama
+    tokenizer adds BOS) and chat prompts (with the recipe's chat_template_kwargs)."""
+    tokenizer = bos_tokenizer() if adds_bos else build_tokenizer()
+    tokenizer.chat_template = THINKING_TEMPLATE
     text = "Leo has 9 shells. How many are left?"
-    plain, templated = prompt_lengths(tokenizer, [text, chat(text)])
-    assert plain == len(tokenizer(text, add_special_tokens=False)["input_ids"]) and templated > plain
+    for kwargs in (None, {"enable_thinking": True}):
+        prompts = [text, "3 + 4 = ?"] if kwargs is None else [chat(text), chat("3 + 4 = ?")]
+        expected = trl_prompt_ids(tokenizer, prompts, kwargs)
+        assert prompt_lengths(tokenizer, prompts, chat_template_kwargs=kwargs) == [len(ids) for ids in expected]
+        assert [prompt_token_ids(tokenizer, p, kwargs) for p in prompts] == expected
+    plain = trl_prompt_ids(tokenizer, [text])[0]
+    assert (plain[0] == tokenizer.bos_token_id) == adds_bos
+    thinking = prompt_lengths(tokenizer, [chat(text)], chat_template_kwargs={"enable_thinking": True})
+    assert prompt_lengths(tokenizer, [chat(text)], chat_template_kwargs={"enable_thinking": False}) > thinking
+
+
+def test_a_prompt_cut_to_the_budget_fits_it_with_bos():
+    """Cutting a text prompt counts the BOS token the tokenizer adds: the cut prompt is exactly within the budget as
+    TRL tokenizes it (one token over is HTTP 400 from vLLM)."""
+    tokenizer = bos_tokenizer()
+    cut = shortened(tokenizer, "3 + 4 = ? " * 40, 50)
+    assert 45 <= len(trl_prompt_ids(tokenizer, [cut])[0]) <= 50
 
 
 LONG_SYSTEM = [

@@ -32,26 +32,29 @@ def prompt_budget(context: int | None, max_completion_length: int) -> int | None
     return context - max_completion_length
 
 
-def prompt_lengths(tokenizer, prompts: list, progress: bool | None = None) -> list[int]:
-    """Each prompt's length in tokens, as GRPOTrainer builds its ids (chat template for a message list)."""
+def prompt_lengths(
+    tokenizer, prompts: list, progress: bool | None = None, chat_template_kwargs: dict | None = None
+) -> list[int]:
+    """Each prompt's length in tokens, as GRPOTrainer builds its ids (``prompt_token_ids``: special tokens such as
+    BOS included, chat template with the recipe's ``chat_template_kwargs`` for a message list)."""
     lengths = []
     with progress_bar(total=len(prompts), desc="measuring prompts", unit="prompt", enabled=progress) as bar:
         for start in range(0, len(prompts), CHUNK):
             chunk = prompts[start : start + CHUNK]
-            if all(isinstance(p, str) for p in chunk):  # one batched call for text prompts
-                lengths += [len(ids) for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]]
+            if all(isinstance(p, str) for p in chunk):  # one batched call for text prompts, as TRL's
+                lengths += [len(ids) for ids in tokenizer(text=chunk)["input_ids"]]
             else:
-                lengths += [len(prompt_token_ids(tokenizer, p)) for p in chunk]
+                lengths += [len(prompt_token_ids(tokenizer, p, chat_template_kwargs)) for p in chunk]
             bar.update(len(chunk))
     return lengths
 
 
-def shortened(tokenizer, prompt, limit: int):
+def shortened(tokenizer, prompt, limit: int, chat_template_kwargs: dict | None = None):
     """The prompt with tokens cut from its left until it fits ``limit``, in its own form: text keeps its tail; a chat
     prompt keeps its messages and template and loses the start of its contents, the first message's first (the
     system prompt goes before the question). None when even that cannot fit."""
     for _ in range(4):  # decoding and re-tokenizing can merge tokens differently: measure again
-        excess = len(prompt_token_ids(tokenizer, prompt)) - limit
+        excess = len(prompt_token_ids(tokenizer, prompt, chat_template_kwargs)) - limit
         if excess <= 0:
             return prompt
         if isinstance(prompt, str):
@@ -79,22 +82,34 @@ def _cut_messages(tokenizer, messages: list[dict], excess: int) -> list[dict] | 
     return None if excess > 0 else cut
 
 
-def fit_prompts(dataset, tokenizer, max_prompt_tokens: int, mode: str, name: str, progress: bool | None = None):
-    """``(dataset, number dropped, number truncated)``: ``dataset`` with every prompt within ``max_prompt_tokens``.
+def fit_prompts(
+    dataset,
+    tokenizer,
+    max_prompt_tokens: int,
+    mode: str,
+    name: str,
+    progress: bool | None = None,
+    chat_template_kwargs: dict | None = None,
+):
+    """``(dataset, number dropped, number truncated)``: ``dataset`` with every prompt within ``max_prompt_tokens``,
+    measured as TRL tokenizes them (``prompt_lengths``).
 
     ``mode`` ``drop`` removes the long prompts' rows; ``truncate_left`` cuts each from the left (``shortened``) and
     drops only those that cannot be cut to fit. A dataset left with no prompt at all is a ``ValueError``.
     """
     if mode not in LONG_PROMPTS:
         raise ValueError(f"long_prompts must be one of {', '.join(LONG_PROMPTS)}, got {mode!r}")
-    lengths = prompt_lengths(tokenizer, dataset["prompt"], progress)
+    lengths = prompt_lengths(tokenizer, dataset["prompt"], progress, chat_template_kwargs)
     long_rows = [i for i, n in enumerate(lengths) if n > max_prompt_tokens]
     if not long_rows:
         return dataset, 0, 0
     cut = {}
     if mode == "truncate_left":
         prompts = dataset.select(long_rows)["prompt"]
-        cut = {i: shortened(tokenizer, p, max_prompt_tokens) for i, p in zip(long_rows, prompts, strict=True)}
+        cut = {
+            i: shortened(tokenizer, p, max_prompt_tokens, chat_template_kwargs)
+            for i, p in zip(long_rows, prompts, strict=True)
+        }
     dropped = [i for i in long_rows if cut.get(i) is None]
     if len(dropped) < len(long_rows):
         dataset = dataset.map(

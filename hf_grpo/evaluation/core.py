@@ -57,11 +57,20 @@ class EvalResult:
         return out
 
 
-def prompt_token_ids(tokenizer, prompt) -> list[int]:
-    """Token ids of a prompt exactly as GRPOTrainer builds them: chat template for a message list, plain text as is."""
+def prompt_token_ids(tokenizer, prompt, chat_template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of a prompt exactly as TRL's GRPOTrainer builds them (``_tokenize_prompts``): text through the
+    tokenizer with its special tokens (a Llama or Gemma tokenizer adds BOS), a message list through the chat template
+    with the generation prompt and the recipe's ``chat_template_kwargs`` (``enable_thinking: false``, ...)."""
     if isinstance(prompt, str):
-        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(tokenizer(text=prompt)["input_ids"])
+    rendered = tokenizer.apply_chat_template(
+        conversation=[prompt],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **(chat_template_kwargs or {}),
+    )
+    return list(rendered["input_ids"][0])
 
 
 @torch.no_grad()
@@ -76,8 +85,10 @@ def generate(
     batch_size: int = 64,
     progress: bool | None = False,
     desc: str = "generating",
+    chat_template_kwargs: dict | None = None,
 ) -> list[list[str]]:
-    """Completions for each prompt (``num_return_sequences`` each), decoded without special tokens.
+    """Completions for each prompt (``num_return_sequences`` each), decoded without special tokens; prompts are
+    tokenized as training tokenizes them (``prompt_token_ids``).
 
     ``progress``: a bar counting the prompts done, batch by batch (off by default; None = automatic, True = forced,
     as in ``hf_grpo.progress``).
@@ -97,6 +108,7 @@ def generate(
                 do_sample=do_sample,
                 temperature=temperature,
                 num_return_sequences=num_return_sequences,
+                chat_template_kwargs=chat_template_kwargs,
             )
             bar.update(len(prompts[start : start + batch_size]))
     model.train(was_training)
@@ -104,10 +116,19 @@ def generate(
 
 
 def _generate_batch(
-    model, tokenizer, prompts: list, device, *, max_new_tokens, do_sample, temperature, num_return_sequences
+    model,
+    tokenizer,
+    prompts: list,
+    device,
+    *,
+    max_new_tokens,
+    do_sample,
+    temperature,
+    num_return_sequences,
+    chat_template_kwargs=None,
 ) -> list[list[str]]:
     """``generate``'s work for one batch of prompts: left-pad, generate, decode."""
-    chunk = [prompt_token_ids(tokenizer, p) for p in prompts]
+    chunk = [prompt_token_ids(tokenizer, p, chat_template_kwargs) for p in prompts]
     width = max(len(ids) for ids in chunk)
     input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
     attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -300,6 +321,7 @@ def evaluate(
     pool: RewardPool | None = None,
     progress: bool | None = None,
     label: str = "eval",
+    chat_template_kwargs: dict | None = None,
 ) -> EvalResult:
     """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``.
 
@@ -310,7 +332,14 @@ def evaluate(
     """
     prompts = list(dataset["prompt"])
     greedy = generate(
-        model, tokenizer, prompts, max_new_tokens, batch_size=batch_size, progress=progress, desc=f"{label}: generate"
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+        desc=f"{label}: generate",
+        chat_template_kwargs=chat_template_kwargs,
     )
     sampled = None
     if num_samples > 1:
@@ -325,6 +354,7 @@ def evaluate(
             batch_size=batch_size,
             progress=progress,
             desc=f"{label}: sample {num_samples}",
+            chat_template_kwargs=chat_template_kwargs,
         )
     return grade_generations(
         dataset,

@@ -20,7 +20,7 @@ import torch
 from datasets.exceptions import DatasetGenerationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..data.loaders import DataArguments, eval_grader, is_local_file, load_eval_dataset
+from ..data.loaders import EMBEDDED, DataArguments, embedded_splits, eval_grader, is_local_file, load_eval_dataset
 from .checks import adapter_base, read_adapter_config
 from .core import EvalResult, evaluate, grade_generations
 
@@ -58,8 +58,8 @@ def check_split(data: DataArguments, split: str | None) -> None:
     if split is None:
         return
     name = data.resolved()["name"]
-    if name == "arithmetic":
-        available = ["train", "test"]
+    if name in EMBEDDED:
+        available = embedded_splits(name)
     elif is_local_file(name):
         available = ["train"]
     else:
@@ -201,4 +201,5 @@ def evaluate_saved(args: argparse.Namespace, values: dict, recipe: Path | None, 
         grade_timeout=timeout,
         progress=args.progress,
         label="evaluate",
+        chat_template_kwargs=values.get("chat_template_kwargs"),  # as the run's training rendered its prompts
     )

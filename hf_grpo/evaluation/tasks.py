@@ -63,6 +63,7 @@ class TaskEvaluator:
         self.output_dir = Path(args.output_dir)
         self.max_new_tokens = args.eval_max_new_tokens or args.max_completion_length
         self.batch_size = max(args.per_device_eval_batch_size, 8)
+        self.chat_template_kwargs = args.chat_template_kwargs  # prompts rendered as training renders them
         self.periodic_samples = args.task_eval_max_samples
         self.grade_timeout = grade_timeout
         self.progress = enabled_for(args)  # bars on the main process, off with disable_tqdm (hf_grpo.progress)
@@ -98,7 +99,12 @@ class TaskEvaluator:
         with state.split_between_processes(list(range(n)), apply_padding=True) as shard:
             subset = self.dataset.select(shard)
             options = dict(
-                batch_size=self.batch_size, grade_timeout=timeout, pool=pool, progress=self.progress, label=label
+                batch_size=self.batch_size,
+                grade_timeout=timeout,
+                pool=pool,
+                progress=self.progress,
+                label=label,
+                chat_template_kwargs=self.chat_template_kwargs,
             )
             if trainer is not None:
                 gather = trainer.args.ds3_gather_for_generation  # False: ZeRO-3 shards stay, generate syncs ranks
