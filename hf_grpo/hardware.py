@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -92,6 +93,36 @@ CPU_SETTINGS = (
 CPU_MIXED_PRECISION = "no"
 
 
+def auto_backend(generation: dict, machine: Machine | None = None) -> tuple[dict, str | None]:
+    """The ``generation:`` section with ``backend: auto`` resolved for this machine, and why (None: not ``auto``).
+
+    ``vllm_server`` where a server can run beside training: vLLM's CPU build on a machine without GPUs, a CUDA build
+    on one with at least two (the GPU count is checked against the layout later). Otherwise ``transformers``, and
+    the keys that only a server uses are dropped (``overlap``, ``cpus``), so the recipe stays valid.
+    """
+    if generation.get("backend") != "auto":
+        return generation, None
+    machine = machine or this_machine()
+    installed = machine.vllm
+    if machine.cuda_devices == 0 and installed.runs_on_cpu:
+        return {**generation, "backend": "vllm_server"}, f"auto: {installed.describe()} serves on this CPU"
+    if machine.cuda_devices >= 2 and installed.distribution == "vllm" and installed.problem is None:
+        return {
+            **generation,
+            "backend": "vllm_server",
+        }, f"auto: {installed.describe()} and {machine.cuda_devices} GPUs"
+    why = installed.describe() if installed.problem or installed.distribution else "vLLM is not installed"
+    if installed.distribution is None and machine.cuda_devices == 0:
+        why += " (python -m hf_grpo.generation.vllm_install installs its CPU build)"
+    elif installed.distribution is not None and installed.problem is None:
+        why = f"{why}, and this machine has {machine.cuda_devices} GPU(s)"
+    dropped = {k: v for k, v in generation.items() if k not in SERVER_ONLY_KEYS}
+    return {**dropped, "backend": "transformers"}, f"auto: {why}: in-process generation (transformers)"
+
+
+SERVER_ONLY_KEYS = ("overlap", "cpus")  # meaningless without a vLLM server: auto drops them when it chooses none
+
+
 def accelerate_mixed_precision(config_value: str | None) -> str | None:
     """The mixed precision this process runs with: accelerate's environment inside a launch, else the config's."""
     return os.environ.get("ACCELERATE_MIXED_PRECISION") or config_value
@@ -131,6 +162,8 @@ def hardware_problems(
             "here: pip install -e '.[vllm]' on a GPU machine, or set generation.backend: transformers"
         )
 
+    if generation.cpus is not None and generation.starts_server():
+        problems += _pinning_problems(generation.cpus)
     if machine.cuda_devices == 0:
         for setting in CPU_SETTINGS:
             if setting.error and setting.applies(get(setting.key)):
@@ -168,6 +201,19 @@ def hardware_problems(
     else:
         problems += _gpu_problems(get, layout, generation, machine, vllm_standin)
     return problems
+
+
+def _pinning_problems(cores: list[int]) -> list[str]:
+    """``generation.cpus`` on this machine: cores this process may use, at least one left for training, taskset."""
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not usable or shutil.which("taskset") is None:
+        return ["generation.cpus pins processes with taskset (util-linux), which this machine lacks: remove it"]
+    unknown = sorted(set(cores) - set(usable))
+    if unknown:
+        return [f"generation.cpus {cores}: cores {unknown} are not among this machine's usable cores {usable}"]
+    if not set(usable) - set(cores):
+        return [f"generation.cpus {cores} leaves no core for training (usable: {usable}): give the server fewer"]
+    return []
 
 
 def _gpu_problems(get, layout, generation, machine: Machine, vllm_standin: bool) -> list[str]:

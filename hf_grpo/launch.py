@@ -23,7 +23,7 @@ import yaml
 
 from . import crash_log
 from .checkpoints import newest_complete
-from .generation.layout import format_env_command, server_command, training_gpus
+from .generation.layout import format_env_command, pinned, server_command, training_cpus, training_gpus
 from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
 from .vllm_standin import STANDIN_DIR
@@ -160,15 +160,18 @@ def free_port() -> int:
 
 
 def torch_threads() -> int:
-    """CPU threads torch uses in each process: ``OMP_NUM_THREADS`` when set, else 1.
+    """CPU threads torch uses in each process: ``OMP_NUM_THREADS`` when set, else 1, and never more than the cores
+    this process may run on (a launcher that pins training to the cores a vLLM server leaves, ``generation.cpus``).
 
     ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless it is set, so ``python -m hf_grpo.train``, ``train()`` in
     a notebook and ``accelerate launch`` all compute with the same thread count, hence the same floating-point path.
     Several processes sharing a small machine also stop oversubscribing its cores. ``OMP_NUM_THREADS=N`` in the
-    environment raises it for every entry point alike.
+    environment (or a recipe's ``env``) raises it for every entry point alike.
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return max(int(value), 1) if value.isdigit() else 1
+    wanted = max(int(value), 1) if value.isdigit() else 1
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else wanted
+    return max(min(wanted, allowed), 1)
 
 
 def apply_thread_policy() -> int:
@@ -246,12 +249,20 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
     machines = recipe.layout.num_machines if mini is not None else 1
     for rank in range(machines):
         ranked = [*extra, "--machine_rank", str(rank)] if machines > 1 else extra
-        commands.append(Command("train", train_env, accelerate_command(recipe.layout, train_argv, ranked)))
+        argv_of_rank = accelerate_command(recipe.layout, train_argv, ranked)
+        if gen.starts_server() and gen.cpus is not None:  # the cores the server leaves (hf_grpo.launch.torch_threads)
+            argv_of_rank = pinned(training_cpus(gen), argv_of_rank)
+        commands.append(Command("train", train_env, argv_of_rank))
     return commands
 
 
 class ProgramNotFound(FileNotFoundError):
     """A program the launcher needs (accelerate, vllm) is not installed where this Python can see it."""
+
+
+def unpinned(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``taskset -c CORES`` prefix that ``generation.cpus`` puts in front of a command, or []; the command)."""
+    return (argv[:3], argv[3:]) if argv[:2] == ["taskset", "-c"] else ([], argv)
 
 
 def resolve_program(argv: list[str]) -> list[str]:
@@ -260,12 +271,13 @@ def resolve_program(argv: list[str]) -> list[str]:
     Raises ProgramNotFound naming the program and how to get it.
     """
 
+    prefix, argv = unpinned(argv)
     program = argv[0]
     if os.sep in program or shutil.which(program):
-        return argv
+        return prefix + argv
     beside = Path(sys.executable).parent / program
     if beside.is_file() and os.access(beside, os.X_OK):
-        return [str(beside), *argv[1:]]
+        return [*prefix, str(beside), *argv[1:]]
     hint = "pip install -e '.[vllm]' on the GPU machine" if program == "vllm" else f"pip install {program}"
     raise ProgramNotFound(
         f"`{program}` is not on PATH nor beside {sys.executable}: activate the environment that has it, or {hint}."
@@ -342,9 +354,10 @@ def run_launcher(recipe, argv: list[str]) -> int:
 def quiet(argv: list[str], recipe) -> list[str]:
     """``accelerate launch ...`` run through ``hf_grpo.crash_log``: its own tracebacks (a failed child, a stop
     signal) go to a crash log in the run's ``logs/``, not the console."""
+    prefix, argv = unpinned(argv)
     if len(argv) < 2 or Path(argv[0]).name != "accelerate" or argv[1] != "launch":
-        return argv
-    return [sys.executable, "-m", "hf_grpo.crash_log", str(recipe.training.output_dir), *argv]
+        return prefix + argv
+    return [*prefix, sys.executable, "-m", "hf_grpo.crash_log", str(recipe.training.output_dir), *argv]
 
 
 def failed_summary(recipe, argv: list[str], code: int) -> str:

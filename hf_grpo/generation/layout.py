@@ -1,8 +1,9 @@
 """The recipe's ``generation:`` section: which engine generates, on which GPUs, and how weights reach it.
 
     generation:
-      backend: vllm_server        # transformers | vllm_colocate | vllm_server
+      backend: vllm_server        # transformers | vllm_colocate | vllm_server | auto
       gpus: [0]                   # GPUs of the vLLM server; training gets the next num_processes GPUs
+      cpus: [0]                   # vLLM's CPU build: the server's cores; training gets the others
       weight_sync: auto           # lora (adapter only, no vllm on the trainer) | full (TRL's NCCL transfer) | auto
 
 ``trl_fields`` sets the recipe's TRL fields (``use_vllm``, ``vllm_mode``, ...); ``server_command`` builds the exact
@@ -12,12 +13,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import urllib.parse
 from dataclasses import dataclass, field
 
 
-BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
+BACKENDS = ("transformers", "vllm_colocate", "vllm_server", "auto")
 WEIGHT_SYNCS = ("auto", "lora", "full")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts
 
@@ -30,11 +32,17 @@ class GenerationArguments:
     Args:
         backend (`str`, *optional*):
             `transformers` (generation in the training process), `vllm_colocate` (TRL's vLLM engine on the training
-            GPUs) or `vllm_server` (a `vllm serve` process on its own GPUs). Unset: the TRL fields as written.
+            GPUs), `vllm_server` (a `vllm serve` process on its own GPUs, or its own CPU cores with vLLM's CPU build)
+            or `auto` (`vllm_server` where this machine can run one beside training, else `transformers`; `--dry-run`
+            says which and why). Unset: the TRL fields as written.
         base_url (`str`, *optional*):
             URL of a vLLM server that is already running; then none is started.
         gpus (`list[int]`, *optional*):
             GPUs of the vLLM server (default: the first `tensor_parallel_size` GPUs).
+        cpus (`list[int]`, *optional*):
+            With vLLM's CPU build: the CPU cores the server runs on (its processes pinned with `taskset`, its
+            worker's threads bound there); the training processes run on the machine's other cores, each with at most
+            that many torch threads. Unset: nobody is pinned.
         host (`str`, defaults to `"127.0.0.1"`):
             Address the server binds to. Keep loopback unless the trainer runs on another machine.
         port (`int`, defaults to `8000`):
@@ -80,10 +88,11 @@ class GenerationArguments:
     """
 
     backend: str | None = field(
-        default=None, metadata={"help": "transformers, vllm_colocate or vllm_server.", "choices": BACKENDS}
+        default=None, metadata={"help": "transformers, vllm_colocate, vllm_server or auto.", "choices": BACKENDS}
     )
     base_url: str | None = field(default=None, metadata={"help": "A running vLLM server; none is started."})
     gpus: list[int] | None = field(default=None, metadata={"help": "GPUs of the vLLM server."})
+    cpus: list[int] | None = field(default=None, metadata={"help": "vLLM CPU build: the server's CPU cores."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address the server binds to."})
     port: int = field(default=8000, metadata={"help": "Server port."})
     gpu_memory_utilization: float | None = field(default=None, metadata={"help": "GPU memory fraction for vLLM."})
@@ -164,6 +173,11 @@ def check_generation(gen: GenerationArguments, use_peft: bool, lora_r: int, expl
         )
     if gen.max_staleness < 1:
         problems.append(f"generation.max_staleness must be 1 or more optimizer steps, got {gen.max_staleness}")
+    if gen.cpus is not None and (gen.backend != "vllm_server" or not gen.cpus or min(gen.cpus) < 0):
+        problems.append(
+            f"generation.cpus {gen.cpus} pins a vLLM server that this recipe starts to CPU cores: it needs backend "
+            "vllm_server (or auto) and a list of core numbers (0, 1, ...); remove it otherwise"
+        )
     if gen.backend is None:
         return problems
     clash = sorted(explicit_trl & {"use_vllm", "vllm_mode", "vllm_server_base_url"})
@@ -258,7 +272,11 @@ def server_command(
     else:  # TRL's NCCL weight transfer (see trl.generation.vllm_client)
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"}), "--max-logprobs", "-1"]
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    return cmd + list(gen.extra_args or []), env
+    cmd += list(gen.extra_args or [])
+    if gen.cpus is not None:  # vLLM's CPU build: every server process on these cores, its worker's threads bound there
+        env.update(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, gen.cpus)), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+        cmd = pinned(gen.cpus, cmd)
+    return cmd, env
 
 
 def training_gpus(gen: GenerationArguments, num_processes: int) -> list[int]:
@@ -269,6 +287,16 @@ def training_gpus(gen: GenerationArguments, num_processes: int) -> list[int]:
             out.append(gpu)
         gpu += 1
     return out
+
+
+def training_cpus(gen: GenerationArguments) -> list[int]:
+    """CPU cores of the training processes when the server is pinned (``generation.cpus``): this process's others."""
+    return sorted(set(os.sched_getaffinity(0)) - set(gen.cpus or ()))
+
+
+def pinned(cores: list[int], argv: list[str]) -> list[str]:
+    """``argv`` run on ``cores`` only (``taskset``: visible in ``--dry-run``, and its children inherit it)."""
+    return ["taskset", "-c", ",".join(map(str, cores)), *argv]
 
 
 def format_env_command(env: dict[str, str], cmd: list[str]) -> str:

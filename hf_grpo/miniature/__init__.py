@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
+from ..data.loaders import EMBEDDED, TRL_COLUMNS, DataArguments, is_local_file, source_splits
 from ..generation.layout import GenerationArguments
 from ..generation.vllm_install import CPU_DISTRIBUTION, INSTALL_COMMAND, VLLMInstall
 from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
@@ -158,7 +158,7 @@ def _swap_model_and_data(data: DataArguments, rewards: list[str], current, swap,
 
     splits = []
     for role, (spec, split) in source_splits(data).items():
-        if spec["name"] == "arithmetic" or is_local_file(spec["name"]):
+        if spec["name"] in EMBEDDED or is_local_file(spec["name"]):
             continue  # already on disk
         if spec["task"] is None:
             continue  # the recipe check names what is missing

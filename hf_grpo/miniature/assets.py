@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..data.arithmetic import make_split
 from ..data.loaders import DataArguments, format_prompt
+from ..local_models import resolve
 from ..tiny import build_tokenizer, warm_start
 
 
@@ -50,7 +51,13 @@ TINY_SIZES = {
     "tie_word_embeddings": False,  # a separate lm_head, as in the 7B models: weight sync must carry it
 }
 # How to recognise a family from a hub id when its config.json cannot be read offline (first match wins).
-FAMILY_PATTERNS = (("qwen3", "qwen3"), ("qwen", "qwen2"), ("llama", "llama"), ("mistral", "mistral"))
+FAMILY_PATTERNS = (
+    ("qwen3", "qwen3"),
+    ("qwen", "qwen2"),
+    ("llama", "llama"),
+    ("mistral", "mistral"),
+    ("smollm2", "llama"),
+)
 DEFAULT_FAMILY = "qwen2"
 
 # Known hub datasets: the columns a miniature copy has, besides the problem and the gold answer.
@@ -112,8 +119,8 @@ class Assets:
 
 
 def architecture_family(name_or_path: str) -> tuple[str, str]:
-    """(model_type, how it was found) for a model id or directory, without any download."""
-    config = Path(name_or_path).expanduser() / "config.json"
+    """(model_type, how it was found) for a model id, directory or packaged model's name, without any download."""
+    config = Path(resolve(name_or_path) or name_or_path).expanduser() / "config.json"
     source = "its config.json"
     if not config.is_file():
         config, source = None, "the hub cache"

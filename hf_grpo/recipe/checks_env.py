@@ -13,6 +13,7 @@ from datasets import config as datasets_config
 from huggingface_hub import constants
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
+from .. import local_models
 from ..config import ModelArguments
 from ..data.loaders import PRESETS, DataArguments, is_local_file, source_splits
 from ..generation.layout import GenerationArguments
@@ -225,6 +226,9 @@ def check_hardware(
 ) -> list[str]:
     """What this machine cannot run; for a run (not a dry run) any of it is an error."""
     hardware = hardware_problems(values, key_defaults(), layout, generation, vllm_standin=miniature)
+    name = values.get("model_name_or_path")
+    if isinstance(name, str) and local_models.resolve(name) is not None and not local_models.is_ready(name):
+        hardware.append(f"model_name_or_path: {local_models.missing_message(name)}")
     if hardware and for_run:
         hint = "" if miniature else f"; {MINIATURE_HINT}"
         raise RecipeError(f"{where}: this machine cannot run it: " + " | ".join(hardware) + hint)

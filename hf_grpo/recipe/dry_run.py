@@ -4,11 +4,16 @@ generation, batch arithmetic, the commands a run would start, the miniature's sw
 from __future__ import annotations
 
 from ..data.loaders import TRL_COLUMNS
-from ..generation.layout import training_gpus
+from ..generation.layout import training_cpus, training_gpus
 from .schema import NESTED, SECTIONS, Recipe, default_of, field_index
 
 
 def _generation_lines(recipe: Recipe) -> list[str]:
+    chosen = recipe.sources.get("generation.backend")  # backend: auto, and why it resolved as it did
+    return ([f"generation.backend {chosen}"] if chosen else []) + _layout_lines(recipe)
+
+
+def _layout_lines(recipe: Recipe) -> list[str]:
     gen = recipe.generation
     if gen.backend is None:
         # from the recipe's values: a dry run checks the training config with vLLM switched off
@@ -20,9 +25,12 @@ def _generation_lines(recipe: Recipe) -> list[str]:
         return [f"generation: {engine}"]
     if gen.backend != "vllm_server":
         return [f"generation: {gen.backend}"]
-    where = f"started on GPUs {gen.server_gpus()}" if gen.starts_server() else "already running"
+    devices = f"CPU cores {gen.cpus}" if gen.cpus is not None else f"GPUs {gen.server_gpus()}"
+    where = f"started on {devices}" if gen.starts_server() else "already running"
     lines = [f"generation: vLLM server at {gen.url} ({where}), weight sync: {gen.sync_mode(recipe.model.use_peft)}"]
-    if gen.starts_server():
+    if gen.starts_server() and gen.cpus is not None:
+        lines.append(f"training CPU cores: {training_cpus(gen)} (the others)")
+    elif gen.starts_server():
         lines.append(f"training GPUs: {training_gpus(gen, recipe.layout.num_processes)}")
     if gen.overlap:
         mode = recipe.values.get("vllm_importance_sampling_mode", default_of("vllm_importance_sampling_mode"))

@@ -7,10 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import local_models
 from .. import miniature as miniatures
 from ..config import HfGRPOConfig, ModelArguments
 from ..data.loaders import DataArguments
 from ..generation.layout import GenerationArguments, trl_fields
+from ..hardware import auto_backend
 from ..launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
 from ..miniature import Miniature
 from ..miniature.assets import ensure_assets
@@ -38,6 +40,9 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     env = checks.check_env(data.pop("env", {}) or {}, str(path))
     values, nested = _checked_values(data, overrides, str(path))
     sources = _sources(values, nested, overrides, from_file)
+    nested["generation"], chosen = auto_backend(nested["generation"])  # before a miniature reads the section
+    if chosen is not None:
+        sources["generation.backend"] = chosen
     where = (
         f"{path} (with {' '.join(f'--{key}' for key in overrides)} from the command line)" if overrides else str(path)
     )
@@ -161,6 +166,9 @@ def _build(section: str, values: dict, where: str):
 
 def _build_model(values: dict, where: str) -> ModelArguments:
     model = _build("model", values, where)
+    folder = local_models.resolve(model.model_name_or_path)
+    if folder is not None:  # a model from the package index (hf-grpo model get): its folder is what loads
+        model.model_name_or_path = folder
     targets = values.get("lora_target_modules")
     if isinstance(targets, list):  # trl.ModelConfig makes ["q_proj"] the regex "q_proj", which PEFT matches against
         # full names only; PEFT's "all-linear" works only as a string
