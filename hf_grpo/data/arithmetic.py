@@ -7,6 +7,8 @@
     True
 
 ``split_of`` puts every question text in exactly one split, so train and held-out are disjoint (docs/data.md).
+``make_transfer_split`` is a held-out set that is not only the training distribution: a third the training
+templates' held-out questions, a third the same operations phrased differently, a third two operations in one problem.
 """
 
 from __future__ import annotations
@@ -23,6 +25,26 @@ TEMPLATES = {
     "+": "{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have?",
     "-": "{name} has {a} {item}. {name} gives away {b}. How many {item} are left?",
 }
+
+
+# Held-out phrasings no training problem uses (make_transfer_split): other names, items and sentence shapes.
+REPHRASED = {
+    "+": "A box holds {a} {item}. {name} puts {b} more {item} into the box. How many {item} are in the box now?",
+    "-": "There were {a} {item} on the shelf. {name} took {b} of them away. How many {item} are still on the shelf?",
+}
+TWO_STEP = {
+    ("+", "-"): "{name} has {a} {item}. {name} gets {b} more, then gives away {c}. How many {item} are left?",
+    ("-", "+"): "{name} has {a} {item}. {name} gives away {b}, then gets {c} more. How many {item} now?",
+    ("+", "+"): "{name} has {a} {item}. {name} gets {b} more, then {c} more. How many {item} does {name} have?",
+}
+TWO_STEP = {
+    ("+", "-"): "{name} had {a} {item}, found {b} more and then lost {c}. How many {item} does {name} have now?",
+    ("-", "+"): "{name} had {a} {item}, sold {b} and then bought {c} more. How many {item} does {name} have now?",
+    ("+", "+"): "{name} has {a} {item}. A friend gives {b} more and a sister gives {c} more. How many {item} in all?",
+}
+OTHER_NAMES = ["Ruth", "Omar", "Lena", "Kofi", "Nina", "Yuki"]
+OTHER_ITEMS = ["stamps", "marbles", "stickers", "beads", "tickets", "buttons"]
+TRANSFER_KINDS = ("seen", "rephrased", "two_step")
 
 
 def split_of(question: str) -> str:
@@ -66,3 +88,35 @@ def corpus(n: int = 2000, seed: int = 0) -> list[str]:
         p = make_problem(rng)
         texts += [p["question"], p["answer"]]
     return texts
+
+
+def _rephrased(rng: random.Random) -> dict:
+    op = rng.choice(list(REPHRASED))
+    a, b = _operands(rng, op)
+    question = REPHRASED[op].format(name=rng.choice(OTHER_NAMES), item=rng.choice(OTHER_ITEMS), a=a, b=b)
+    result = a + b if op == "+" else a - b
+    return {"question": question, "answer": f"{a} {op} {b} = {result}\n#### {result}", "solution": str(result)}
+
+
+def _two_step(rng: random.Random) -> dict:
+    ops = rng.choice(list(TWO_STEP))  # a loss always follows a gain, so the count stays positive
+    a, b = _operands(rng, ops[0])
+    first = a + b if ops[0] == "+" else a - b
+    c = rng.randint(1, 9) if ops[1] == "+" else rng.randint(1, min(first - 1, 9))
+    result = first + c if ops[1] == "+" else first - c
+    question = TWO_STEP[ops].format(name=rng.choice(OTHER_NAMES), item=rng.choice(OTHER_ITEMS), a=a, b=b, c=c)
+    answer = f"{a} {ops[0]} {b} = {first}\n{first} {ops[1]} {c} = {result}\n#### {result}"
+    return {"question": question, "answer": answer, "solution": str(result)}
+
+
+def make_transfer_split(n: int, seed: int) -> list[dict]:
+    """``n`` held-out problems, their ``kind`` cycling through ``TRANSFER_KINDS``: ``seen`` (the training templates,
+    held-out questions only), ``rephrased`` (one operation, phrasings and words no training problem uses) and
+    ``two_step`` (two operations in one problem). Reproducible from ``seed``."""
+    rng = random.Random(f"transfer-{seed}")
+    make = {
+        "seen": lambda: make_problem(rng, "test"),
+        "rephrased": lambda: _rephrased(rng),
+        "two_step": lambda: _two_step(rng),
+    }
+    return [{**make[kind](), "kind": kind} for kind in (TRANSFER_KINDS[i % 3] for i in range(n))]

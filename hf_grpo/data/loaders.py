@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 PRESETS = {
     "arithmetic": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
+    # held-out only: the training templates, other phrasings and two-step problems (arithmetic.make_transfer_split)
+    "arithmetic_transfer": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     "openai/gsm8k": {"config": "main", "task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     "DigitalLearningGmbH/MATH-lighteval": {"task": "math", "prompt_column": "problem", "solution_column": "solution"},
     "HuggingFaceH4/MATH-500": {
@@ -45,6 +47,7 @@ ALIASES = {
     "math500": "HuggingFaceH4/MATH-500",
     "openmathinstruct2": "nvidia/OpenMathInstruct-2",
 }
+EMBEDDED = ("arithmetic", "arithmetic_transfer")  # generated in code (hf_grpo.data.arithmetic), never downloaded
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 # Seed 002's r1_zero protocol: a plain-text prompt that opens the <think> block for the model.
@@ -63,7 +66,8 @@ class DataArguments(ScriptArguments):
 
     Args:
         dataset_name (`str`, defaults to `"arithmetic"`):
-            Preset name (`arithmetic`, `gsm8k`, `math`, `math500`, `openmathinstruct2`), a hub id, or a local
+            Preset name (`arithmetic`, `gsm8k`, `math`, `math500`, `openmathinstruct2`; `arithmetic_transfer` as
+            `eval_dataset_name`), a hub id, or a local
             `.jsonl` / `.json` / `.parquet` / `.csv` file.
         task (`str`, *optional*):
             Grader for the gold answers: `gsm8k` (number after `####`) or `math` (last `\\boxed{}`, math-verify).
@@ -96,7 +100,8 @@ class DataArguments(ScriptArguments):
         arithmetic_train_size (`int`, defaults to `4000`):
             Number of embedded training problems (`dataset_name: arithmetic` only).
         arithmetic_eval_size (`int`, defaults to `200`):
-            Number of embedded held-out problems (`dataset_name: arithmetic` only).
+            Number of embedded held-out problems (`arithmetic`'s test split, or `arithmetic_transfer`: a third the
+            training templates, a third other phrasings, a third two-step problems).
         dataset_mirror (`dict[str, str]`, *optional*):
             Local `.jsonl` / `.json` / `.parquet` / `.csv` files that stand in for hub splits, keyed `<hub id>:<split>`
             (for example `openai/gsm8k:test`). Everything else (presets, columns, which split is the held-out one)
@@ -245,6 +250,11 @@ def check_prompts(raw: Dataset, column: str, where: str, name: str) -> None:
                 )
 
 
+def embedded_splits(name: str) -> list[str]:
+    """The splits of an embedded dataset: ``arithmetic_transfer`` is a held-out set only."""
+    return ["test"] if name == "arithmetic_transfer" else ["train", "test"]
+
+
 def local_builder(path: str) -> str:
     """The ``datasets`` builder for a local data file (``json``, ``parquet``, ``csv``)."""
     return LOCAL_BUILDERS[os.path.splitext(path)[1].lower()]
@@ -252,9 +262,11 @@ def local_builder(path: str) -> str:
 
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
     """One split of a preset, hub or local dataset, unformatted."""
-    if name == "arithmetic":
-        if split not in ("train", "test"):
-            raise ValueError(f"dataset 'arithmetic' has the splits 'train' and 'test', not {split!r}")
+    if name in EMBEDDED:
+        if split not in embedded_splits(name):
+            raise ValueError(f"dataset {name!r} has the splits {embedded_splits(name)}, not {split!r}")
+        if name == "arithmetic_transfer":
+            return Dataset.from_list(arithmetic.make_transfer_split(args.arithmetic_eval_size, seed))
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
         return Dataset.from_list(arithmetic.make_split(split, size, seed))
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")

