@@ -61,6 +61,17 @@ def _alive(holder: dict) -> bool:
     return started is None or _start_ticks(pid) in (None, started)
 
 
+def _is_me(holder: dict) -> bool:
+    """Whether the lock is this very process's: pid, host and start time all equal (a pid alone is not enough:
+    containers on two nodes routinely give their main process the same small pid)."""
+    me = os.getpid()
+    return (
+        holder.get("pid") == me
+        and holder.get("host") == socket.gethostname()
+        and holder.get("start_ticks") in (None, _start_ticks(me))
+    )
+
+
 def read_holder(output_dir: str | os.PathLike) -> dict | None:
     """The lock's content, or None when there is none ({} for an unreadable one, which counts as stale)."""
     try:
@@ -89,7 +100,7 @@ def refusal(output_dir: str | os.PathLike, holder: dict) -> str:
 def check_free(output_dir: str | os.PathLike) -> None:
     """Raise RunLockError when a live run other than this process holds ``output_dir`` (takes nothing)."""
     holder = read_holder(output_dir)
-    if holder and holder.get("pid") != os.getpid() and _alive(holder):
+    if holder and not _is_me(holder) and _alive(holder):
         raise RunLockError(refusal(output_dir, holder))
 
 
@@ -120,7 +131,7 @@ def acquire(output_dir: str | os.PathLike) -> Path:
             holder = read_holder(out)
             if holder is None:
                 continue  # released in between
-            if holder.get("pid") == os.getpid():
+            if _is_me(holder):
                 return lock
             if holder and _alive(holder):
                 raise RunLockError(refusal(out, holder))
@@ -156,5 +167,5 @@ def _take_over(lock: Path, stale: dict) -> None:
 
 def release(lock: Path | None) -> None:
     """Remove the lock if this process still holds it."""
-    if lock is not None and (read_holder(lock.parent) or {}).get("pid") == os.getpid():
+    if lock is not None and _is_me(read_holder(lock.parent) or {}):
         lock.unlink(missing_ok=True)

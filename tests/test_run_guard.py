@@ -152,6 +152,22 @@ def test_a_lock_from_another_host_names_the_file_to_delete(tmp_path):
         run_lock.check_free(tmp_path)
 
 
+def test_a_lock_with_my_pid_on_another_host_is_another_run(tmp_path):
+    """Issue 31 (5): containers on two nodes give their main process the same pid; a lock holding this process's pid
+    but written on another host (or by an earlier process with this pid) is another run's: refused, never released."""
+    write_lock(tmp_path, pid=os.getpid(), host="node-2")
+    with pytest.raises(run_lock.RunLockError, match="on host node-2"):
+        run_lock.check_free(tmp_path)
+    with pytest.raises(run_lock.RunLockError, match="on host node-2"):
+        run_lock.acquire(tmp_path)
+    run_lock.release(tmp_path / LOCK_FILE)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == "node-2"
+    # same host and pid, other start time: a reused pid's lock, not this process's; released by nobody but its owner
+    write_lock(tmp_path, pid=os.getpid(), start_ticks="1")
+    run_lock.release(tmp_path / LOCK_FILE)
+    assert (tmp_path / LOCK_FILE).exists()
+
+
 def test_the_launcher_checks_the_lock_before_starting_anything(tmp_path):
     """``python -m hf_grpo.train`` with several processes checks through ``resume_target`` before the launch."""
     from hf_grpo.pipeline import resume_target
