@@ -75,7 +75,7 @@ def collate_groups(groups: list[Group], pad_token_id: int, token_level_keys: tup
     """Concatenate groups into one batch, re-padding prompts (left) and completions (right) to the widest."""
     completion_keys = COMPLETION_KEYS + tuple(token_level_keys)
     pad_values = {"prompt_ids": pad_token_id, "completion_ids": pad_token_id, "tool_mask": 1}
-    keys = list(groups[0])
+    keys = list(dict.fromkeys(k for g in groups for k in g))  # every group's keys, first seen first
     missing = [k for k in keys if any(k not in g for g in groups)]
     if missing:
         raise ValueError(f"cannot collate groups: {missing} present in some groups only")
@@ -108,10 +108,12 @@ class GroupPool:
         taken, self.groups = self.groups[:n], self.groups[n:]
         return taken
 
-    def trim(self, limit: int) -> int:
-        """Drop the newest groups beyond ``limit``; returns how many were dropped."""
+    def trim(self, limit: int, keep_newest: bool = False) -> int:
+        """Drop the groups beyond ``limit``, the newest ones (or with ``keep_newest`` the oldest: under overlap the
+        oldest are those of the previous policy, which ``drop_older`` discards at the next step anyway); returns how
+        many were dropped."""
         dropped = max(len(self.groups) - limit, 0)
-        del self.groups[limit:]
+        del self.groups[slice(0, dropped) if keep_newest else slice(limit, None)]
         return dropped
 
     def drop_older(self, version: int) -> int:
@@ -197,8 +199,10 @@ def save_state(folder: str, rank: int, stream: PromptStream, pool: GroupPool, ke
     save_file(pool.state_tensors(), os.path.join(folder, POOL_FILE.format(rank=rank)))
 
 
-def load_state(checkpoint: str, rank: int, stream: PromptStream, device) -> GroupPool:
-    """Move ``stream`` to where ``save_state`` left it in ``checkpoint`` and return the carried groups, on ``device``."""
+def load_state(checkpoint: str, rank: int, stream: PromptStream, device, overlap: bool = True) -> GroupPool:
+    """Move ``stream`` to where ``save_state`` left it in ``checkpoint`` and return the carried groups, on ``device``.
+
+    Without ``overlap`` the groups lose the ``policy_version`` an overlapped run recorded (fresh groups have none)."""
     path = os.path.join(checkpoint, STATE_FILE.format(rank=rank))
     if not os.path.exists(path):
         raise FileNotFoundError(
@@ -208,4 +212,8 @@ def load_state(checkpoint: str, rank: int, stream: PromptStream, device) -> Grou
     with open(path) as f:
         state = json.load(f)
     stream.epoch, stream.cursor = state["stream"]["epoch"], state["stream"]["cursor"]
-    return GroupPool.from_state_tensors(load_file(os.path.join(checkpoint, POOL_FILE.format(rank=rank))), device)
+    pool = GroupPool.from_state_tensors(load_file(os.path.join(checkpoint, POOL_FILE.format(rank=rank))), device)
+    if not overlap:
+        for group in pool.groups:
+            group.pop("policy_version", None)
+    return pool

@@ -70,6 +70,28 @@ def test_split_then_collate_across_rounds_repads_both_sides():
     assert "num_items_in_batch" not in batch  # recomputed by the trainer for the assembled batch
 
 
+def test_collate_names_a_key_that_only_a_later_group_has():
+    """Issue 31 (8): the key check looked at the first group's keys only, so a key of later groups was dropped."""
+    first, second = split_groups(batch_of([2, 2, 2, 2], [1, 1, 1, 1], [1.0, -1.0, 1.0, -1.0]), 2)
+    second["policy_version"] = torch.tensor([3, 3])
+    with pytest.raises(ValueError, match=r"\['policy_version'\] present in some groups only"):
+        collate_groups([first, second], pad_token_id=0)
+
+
+def test_overlapped_carried_groups_resume_without_overlap(tmp_path):
+    """Issue 31 (8): groups carried by an overlapped run hold ``policy_version``; resumed with overlap off they are
+    collated with fresh groups (which have none) instead of crashing the first step."""
+    carried = split_groups(batch_of([2, 2], [1, 1], [1.0, -1.0]), 2)
+    carried[0]["policy_version"] = torch.tensor([4, 4])
+    sampling.save_state(str(tmp_path), 0, PromptStream(size=10, seed=0), GroupPool(carried), "digest")
+    fresh = split_groups(batch_of([3, 3], [2, 2], [0.5, -0.5]), 2)
+    overlapped = sampling.load_state(str(tmp_path), 0, PromptStream(size=10, seed=0), "cpu", overlap=True)
+    assert overlapped.groups[0]["policy_version"].tolist() == [4, 4]  # an overlapped resume keeps the versions
+    pool = sampling.load_state(str(tmp_path), 0, PromptStream(size=10, seed=0), "cpu", overlap=False)
+    batch = collate_groups(pool.groups + fresh, pad_token_id=0)
+    assert "policy_version" not in batch and batch["advantages"].tolist() == [1.0, -1.0, 0.5, -0.5]
+
+
 def test_split_refuses_multimodal_batches():
     batch = batch_of([2, 2], [1, 1], [0.0, 0.0])
     batch["pixel_values"] = torch.zeros(2, 3)
@@ -133,6 +155,22 @@ def test_leave_one_out_with_nan_and_scaling():
 
 def test_doctests():
     assert doctest.testmod(sampling).failed == 0
+
+
+def test_under_overlap_the_trim_keeps_the_groups_the_next_step_can_use():
+    """Issue 31 (3): the surplus of an overlapped step holds round-1 groups of the previous policy (version 4) and
+    fresh round-2 groups (version 5); at the next step ``drop_older`` discards version 4 (max_staleness 1), so the
+    trim must keep the version-5 groups, not the version-4 ones."""
+
+    def pool() -> GroupPool:
+        return GroupPool([{"policy_version": torch.tensor([v, v]), "tag": torch.tensor([i])} for i, v in
+                          enumerate([4, 4, 5, 5])])  # fmt: skip
+
+    overlapped = pool()
+    assert overlapped.trim(2, keep_newest=True) == 2
+    assert overlapped.drop_older(5) == 0 and [int(g["tag"]) for g in overlapped.groups] == [2, 3]
+    synchronous = pool()  # without overlap the trim keeps the oldest (first in, first out): 2 would be lost here
+    assert synchronous.trim(2) == 2 and synchronous.drop_older(5) == 2
 
 
 def test_trimmed_pools_stay_within_one_step_on_sixteen_processes():
