@@ -19,6 +19,7 @@ import requests
 import torch
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.generation import server_generator
 from hf_grpo.generation.layout import GenerationArguments, max_lora_rank, server_command, training_gpus, trl_fields
 from hf_grpo.generation.server_generator import ServerGenerator
 from hf_grpo.generation.vllm_install import VLLMInstall
@@ -232,6 +233,27 @@ def test_adapter_sync_changes_what_the_server_generates(policy_dir, tmp_path):
         trainer.generator.sync(trainer)
         second = trainer.generator.client.generate(prompt, model="policy-1", **greedy).completion_ids
     assert first != second
+
+
+def served_models(url: str) -> set[str]:
+    return {m["id"] for m in requests.get(f"{url}/v1/models", timeout=10).json()["data"]}
+
+
+def test_an_adapter_another_process_still_generates_with_is_not_unloaded(policy_dir, tmp_path, monkeypatch):
+    """Issue 31 (2): only the main process unloads, and it consulted only its own rounds in flight. Here the other
+    rank (its answer to the all-gather faked) still generates with policy-0 when the main process syncs policy-1."""
+    with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
+        trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
+        trainer.generator.sync(trainer)
+        monkeypatch.setattr(server_generator, "gather_object", lambda mine: [*mine, ["policy-0"]])
+        trainer.state.global_step = 1
+        trainer.generator.sync(trainer, in_use=set())  # this process's own rounds have all finished
+        assert {"policy-0", "policy-1"} <= served_models(server.url)
+        assert (tmp_path / "adapters" / "step-0").is_dir()  # its folder too, to load it again after a restart
+        monkeypatch.setattr(server_generator, "gather_object", lambda mine: [*mine, []])
+        trainer.state.global_step = 2
+        trainer.generator.sync(trainer, in_use=set())  # now no process generates with it: unloaded
+        assert "policy-0" not in served_models(server.url) and "policy-2" in served_models(server.url)
 
 
 def test_adapter_directories_stay_bounded_over_a_50_step_run(policy_dir, tmp_path):

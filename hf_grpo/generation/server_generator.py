@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 import requests
+from accelerate.utils import gather_object
 from peft import get_peft_model_state_dict
 from safetensors.torch import save_file
 
@@ -145,6 +146,8 @@ class ServerGenerator:
         if step == self.synced_step:
             return False
         name, path = f"policy-{step}", self.adapter_dir / f"step-{step}"
+        # every process's rounds in flight: the main process unloads, and another rank's round may still generate
+        in_use = set().union(*gather_object([sorted(in_use)]))
         sha256 = save_adapter(trainer, path)
         if trainer.accelerator.is_main_process:
             self._send_once_more_after_restart(self.client.load_lora_adapter, name, str(path.resolve()), reload=False)
