@@ -31,3 +31,12 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int, scale:
         finite = rewards[~torch.isnan(rewards)]
         advantages = advantages / ((finite.std() if finite.numel() > 1 else 0.0) + 1e-4)
     return advantages.reshape(-1)  # [N]
+
+
+def relog_advantages(logged, advantages: torch.Tensor) -> None:
+    """Replace the last ``advantages.numel()`` values of ``logged`` (TRL's completions-table deque ``_logs
+    ["advantages"]``, where TRL appended this batch's [B*G global] advantages last) with ``advantages``."""
+    count = min(len(logged), advantages.numel())
+    for _ in range(count):
+        logged.pop()
+    logged.extend(advantages[advantages.numel() - count :].tolist())

@@ -1,6 +1,6 @@
 """hf_grpo's GRPOTrainer: TRL's trainer plus dynamic sampling, a leave-one-out baseline, phase timings and the
 metrics users need, through narrow overrides of TRL's hooks (``_calculate_rewards``, ``_generate``,
-``_generate_single_turn``, ``_generate_and_score_completions``, ``training_step``, ``_save_checkpoint``,
+``_generate_single_turn``, ``_generate_and_score_completions``, ``training_step``, ``compute_loss``, ``_save_checkpoint``,
 ``_load_optimizer_and_scheduler``; transformers' ``get_batch_samples``), each pinned in ``tests/test_trl_hooks.py``;
 what each does, the dynamic-sampling loop and the carried groups' log-probabilities: docs/trainer.md.
 """
@@ -21,7 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
 
 from . import sampling
-from .advantages import leave_one_out_advantages
+from .advantages import leave_one_out_advantages, relog_advantages
 from .checkpoints import keep_best, write_manifest
 from .config import hf_config
 from .eta import EtaCallback
@@ -37,6 +37,7 @@ __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
 logger = logging.getLogger(__name__)
 
 ZERO_REWARD_PATIENCE = 20  # generation batches of all-zero rewards before a loud warning
+ROW_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")  # TRL's losses whose normaliser counts rows (_compute_loss)
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -223,6 +224,15 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._phase_seconds, self._step_started = defaultdict(float), None
         return output
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss. The loss types that average over rows count dynamic sampling's fill rows (masked out) as rows,
+        scaling the real rows' gradient by real / all rows: rescaled here to the real rows."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        filled = inputs.get("filled")  # [rows of this micro-batch]
+        if filled is not None and self.loss_type in ROW_MEAN_LOSSES:
+            loss = loss * filled.numel() / (~filled).sum().clamp(min=1)
+        return loss
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """transformers' hook that takes an optimizer step's batches; overlapped generation reads ahead of it."""
         if self._ahead is None:
@@ -231,7 +241,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         return batches, self._get_num_items_in_batch(batches, device)
 
     def _prepare_inputs(self, generation_batch):
-        return self._timed("prepare", super()._prepare_inputs, generation_batch)
+        inputs = self._timed("prepare", super()._prepare_inputs, generation_batch)  # TRL's micro-batch
+        if self._ahead is not None and "policy_version" in inputs:  # overlap: the lag of every micro-batch trained on
+            self._ahead.record_lag(self, inputs["policy_version"])
+        return inputs
 
     def _save_checkpoint(self, model, trial):
         start = time.perf_counter()
@@ -267,20 +280,9 @@ class GRPOTrainer(trl.GRPOTrainer):
             mode = "train" if self.model.training else "eval"
             output = self._score(inputs, mode)
             self._log_advantages(output["advantages"], mode)
-        if overlapped:
-            self._log_staleness(output["policy_version"][:: self.num_generations])
+        if overlapped:  # seconds from sending this cycle's rounds to their last answer (while training ran, if ahead)
+            self.record_metric("time/server_generate", self._ahead.take_server_seconds())
         return output
-
-    def _log_staleness(self, versions: torch.Tensor) -> None:
-        """``async/staleness`` (mean, ``_max``, ``_<k>`` groups per value): how many updates old the policies that
-        generated this batch's groups are; ``time/server_generate``: seconds from sending this step's rounds to their
-        last answer (while training ran, for rounds sent ahead)."""
-        lag = self.state.global_step - self.accelerator.gather(versions)  # [groups, all processes]
-        self.record_metric("async/staleness", lag.float().mean().item())
-        self.record_metric("async/staleness_max", lag.max().item())
-        for k in range(self.generator.max_staleness + 1):
-            self.record_metric(f"async/staleness_{k}", int((lag == k).sum()))
-        self.record_metric("time/server_generate", self._ahead.take_server_seconds())
 
     def _score(self, inputs, mode: str) -> dict:
         """TRL's generation and scoring of ``inputs``, with our advantages and reward metrics."""
@@ -292,7 +294,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             rows = output["advantages"].size(0)
             start = self.accelerator.process_index * rows
             output["advantages"] = advantages[start : start + rows].to(output["advantages"].device)
-            self._relog_advantages(advantages)
+            relog_advantages(self._logs["advantages"], advantages)  # TRL's completions table
         finite = total[~torch.isnan(total)]
         if finite.numel():
             self.record_metric("reward/min", finite.min().item(), mode)
@@ -303,14 +305,6 @@ class GRPOTrainer(trl.GRPOTrainer):
             rows = output["advantages"].size(0)
             output["policy_version"] = torch.full((rows,), self._ahead.last_version, device=self.accelerator.device)
         return output
-
-    def _relog_advantages(self, advantages: torch.Tensor) -> None:
-        """Replace the advantages TRL put in its completions table (``_logs``) for this batch with ``advantages``."""
-        logged = self._logs["advantages"]  # deque: TRL appended this batch's [B*G global] last
-        count = min(len(logged), advantages.numel())
-        for _ in range(count):
-            logged.pop()
-        logged.extend(advantages[advantages.numel() - count :].tolist())
 
     def _check_reward_health(self, finite: torch.Tensor, total: int) -> None:
         """Warn loudly when no completion could be scored, or when rewards have been all zero for a long time."""
@@ -440,7 +434,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         batch_groups, filled = assemble_batch(self._pool, dropped, needed)
         # Rounds run until the process with the fewest kept groups has enough; the others keep at most one step's
         # worth, or their surplus would grow without bound and wait ever longer (sampling.GroupPool).
-        surplus = self._pool.trim(needed)
+        surplus = self._pool.trim(needed, keep_newest=self._ahead is not None)
         exhausted = self._check_exhausted(filled, needed, kept_groups / generated_groups)
 
         if "old_per_token_logps" not in output:  # TRL did not need them; carried groups do (see module docstring)
@@ -452,6 +446,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         batch = collate_groups(batch_groups, self._tokenizer.pad_token_id, token_keys)
         if filled:  # fill groups come last; out of the loss, or beta > 0 adds their KL gradient and dapo their tokens
             batch["completion_mask"][-filled * num_gen :] = 0  # [B, C]
+            rows = batch["advantages"].size(0)  # [B]: out of the row count of row-mean losses too (compute_loss)
+            batch["filled"] = torch.arange(rows, device=batch["advantages"].device) >= rows - filled * num_gen
         mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         self._log_advantages(batch["advantages"])
@@ -493,7 +489,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         if checkpoint is None or self._stream is None:
             return
         rank, device = self.accelerator.process_index, self.accelerator.device
-        self._pool = sampling.load_state(checkpoint, rank, self._stream, device)
+        self._pool = sampling.load_state(checkpoint, rank, self._stream, device, overlap=self._ahead is not None)
         if self._ahead is not None:
             self._ahead.load(checkpoint, rank)
         state = self._stream.state()

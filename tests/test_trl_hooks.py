@@ -39,6 +39,7 @@ HOOKS = {
     "_generate_and_score_completions": ["self", "inputs"],
     "training_step": ["self", "model", "inputs", "num_items_in_batch"],
     "_prepare_inputs": ["self", "generation_batch"],
+    "compute_loss": ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
     "_save_checkpoint": ["self", "model", "trial"],
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
 }
@@ -254,3 +255,33 @@ def test_total_rewards_match_trls_logged_reward(scored):
     trainer, _ = scored
     total = trainer.total_rewards(trainer._last_rewards_per_func)  # [B*G]
     assert trainer._metrics["train"]["reward"][-1] == pytest.approx(torch.nanmean(total).item())
+
+
+def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> dict:
+    """``output`` plus ``groups`` fill groups as ``_dynamic_batch`` appends them: rows of a dropped group, their
+    completion mask zeroed, marked in ``filled``."""
+    rows = output["advantages"].size(0)
+    extra = groups * num_generations
+    batch = {}
+    for key, value in output.items():
+        is_row_tensor = isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == rows
+        batch[key] = torch.cat([value, value[:extra]]) if is_row_tensor else value
+    batch["completion_mask"][rows:] = 0
+    batch["filled"] = torch.arange(rows + extra) >= rows
+    return batch
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
+def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type):
+    """Issue 31 (10): with grpo (mean over rows) and dr_grpo (rows x max length) TRL's normaliser counted the masked
+    fill rows, scaling the real rows' loss and gradient by real / all rows. TRL's own compute_loss on the real rows
+    and ours on the same rows plus a fill group must agree, for every loss type."""
+    trainer, output = scored
+    trainer.loss_type, trainer.current_gradient_accumulation_steps = loss_type, 1
+    trainer.model.train()
+    rows = output["advantages"].size(0)  # advantages of one sign: a group-normalised batch's grpo loss is ~0
+    output = {**output, "advantages": torch.linspace(0.5, 1.5, rows)}
+    real = trl.GRPOTrainer.compute_loss(trainer, trainer.model, output)
+    padded = trainer.compute_loss(trainer.model, with_fill_group(output))
+    assert padded.item() == pytest.approx(real.item(), rel=1e-5, abs=1e-7)
+    assert real.abs().item() > 1e-6  # a loss that could differ

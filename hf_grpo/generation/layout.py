@@ -79,8 +79,10 @@ class GenerationArguments:
             (`vllm_importance_sampling_correction` must stay true; `vllm_importance_sampling_mode` then defaults to
             `token_truncate`). How and why: hf_grpo/generation/overlap.py.
         max_staleness (`int`, defaults to `1`):
-            With `overlap`: the most optimizer steps a trained batch's generating policy may lag the trained one
-            (logged as `async/staleness`). Carried dynamic-sampling groups older than this are dropped.
+            With `overlap`: the most optimizer steps a batch's generating policy may lag the policy at the start of
+            the generation cycle that trains on it; with `c` optimizer steps per generation (`num_iterations` > 1)
+            the cycle's later steps train on it up to `max_staleness + c - 1` updates after it was generated (logged
+            per micro-batch as `async/staleness`). Carried dynamic-sampling groups older than this are dropped.
         seed (`int`, *optional*):
             Sampling seed base for server requests (default: the training seed). Each prompt is sent as a request
             of its own with a seed of its own (vLLM draws sample i of every prompt in a request with seed + i, so
