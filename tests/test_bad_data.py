@@ -79,3 +79,19 @@ def test_text_jsonl_still_loads(tmp_path):
     args = DataArguments(dataset_name=data, prompt_column="q", solution_column="a", task="gsm8k")
     train, _ = load_grpo_datasets(args)
     assert train[0]["prompt"] == [{"role": "user", "content": "What is 0 + 0?"}]
+
+
+def test_empty_and_whitespace_prompts_are_dropped_with_a_warning(tmp_path, caplog):
+    """Issue 31: 20 % empty or whitespace-only prompts trained silently (on the template alone)."""
+    prompts = ["What is 1 + 1?", "", "What is 2 + 2?", "  \n\t", "What is 3 + 3?"] * 2
+    data = write_jsonl(tmp_path / "blank.jsonl", prompts)
+    args = DataArguments(dataset_name=data, prompt_column="q", solution_column="a", task="gsm8k")
+    train, _ = load_grpo_datasets(args)
+    assert len(train) == 6 and all("What is" in str(p) for p in train["prompt"])
+    assert "dropped 4 of 10 rows whose prompt (column 'q') is empty or only whitespace" in caplog.text
+    chats = [[{"role": "user", "content": " "}]] * 3
+    args = DataArguments(
+        dataset_name=write_jsonl(tmp_path / "c.jsonl", chats), prompt_column="q", solution_column="a", task="gsm8k"
+    )
+    with pytest.raises(ValueError, match="prompt_column 'q' is empty in every row"):
+        load_grpo_datasets(args)

@@ -184,6 +184,26 @@ def test_bad_recipe_file_is_refused(text, mention, tmp_path, capsys):
     assert_refused([str(path), "--dry-run"], capsys, mention)
 
 
+@pytest.mark.parametrize(("char", "name"), [("\u00a0", "a no-break space (U+00A0)"), ("\t", "a tab")])
+def test_indentation_that_is_not_spaces_names_its_own_line(char, name, tmp_path, capsys):
+    """Issue 31: a no-break space in an indentation (pasted from a web page) was refused naming the next line."""
+    path = tmp_path / "bad.yaml"
+    lines = BASE.splitlines() + ["generation:", f"{char} backend: transformers", "seed: 3"]
+    path.write_text("\n".join(lines) + "\n")
+    line = assert_refused([str(path), "--dry-run"], capsys, f"line {len(lines) - 1} is indented with {name}")
+    assert "replace it with spaces" in line and "backend: transformers" in line
+
+
+def test_a_model_folder_without_config_or_weights_is_refused_before_loading(tmp_path, capsys):
+    """Issue 31: an empty model folder, or one with a config and no weights, failed in from_pretrained."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    argv = [TINY, "--dry-run", "--model_name_or_path", str(folder)]
+    assert_refused(argv, capsys, "has no config.json")
+    (folder / "config.json").write_text("{}")
+    assert_refused(argv, capsys, "has a config.json but no weights")
+
+
 def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
     """Issue 21 #6: an alias bomb in a list value was refused with a 254 MB error line (1.2 GB RSS)."""
     import tracemalloc

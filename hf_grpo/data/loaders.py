@@ -250,6 +250,34 @@ def check_prompts(raw: Dataset, column: str, where: str, name: str) -> None:
                 )
 
 
+def _drop_blank_prompts(raw: Dataset, column: str, where: str, name: str) -> Dataset:
+    """``raw`` without the rows whose prompt has no text (an empty or whitespace-only string, or chat messages whose
+    contents all are), said in a warning with their count; ``ValueError`` when no prompt is left."""
+    blank = []
+    rows = raw.select_columns([column]).iter(batch_size=10_000)
+    for start, batch in zip(range(0, len(raw), 10_000), rows, strict=False):
+        for offset, value in enumerate(batch[column]):
+            text = value if isinstance(value, str) else "".join(str(m.get("content") or "") for m in value)
+            if not text.strip():
+                blank.append(start + offset)
+    if not blank:
+        return raw
+    if len(blank) == len(raw):
+        raise ValueError(
+            f"{where} data {name!r}: prompt_column {column!r} is empty in every row; set it to the column of the questions"
+        )
+    logger.warning(
+        "%s data %r: dropped %d of %d rows whose prompt (column %r) is empty or only whitespace (first: row %d)",
+        where,
+        name,
+        len(blank),
+        len(raw),
+        column,
+        blank[0],
+    )
+    return raw.select(sorted(set(range(len(raw))) - set(blank)))
+
+
 def embedded_splits(name: str) -> list[str]:
     """The splits of an embedded dataset: ``arithmetic_transfer`` is a held-out set only."""
     return ["test"] if name == "arithmetic_transfer" else ["train", "test"]
@@ -330,6 +358,7 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
             )
     prompt_col, gold_col, task = spec["prompt_column"], spec["solution_column"], spec["task"]
     check_prompts(raw, prompt_col, where, spec["name"])
+    raw = _drop_blank_prompts(raw, prompt_col, where, spec["name"])
 
     def readable(row) -> bool:
         if row[gold_col] is None:  # a null gold, which str() would make the answer "None"

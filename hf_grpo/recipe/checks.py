@@ -104,6 +104,24 @@ def _writable(directory: Path) -> bool:
     return True
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "adapter_model.*")
+
+
+def _check_model_folder(folder: Path, where: str) -> None:
+    """A local model folder holds a config and weights (an empty folder or an unfinished copy otherwise fails only
+    when ``from_pretrained`` runs, with transformers' traceback)."""
+    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
+        raise RecipeError(
+            f"{where}: model_name_or_path: folder {shown(str(folder))} has no config.json (an empty folder or an "
+            "unfinished download?); point it at a folder written by save_pretrained"
+        )
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise RecipeError(
+            f"{where}: model_name_or_path: folder {shown(str(folder))} has a config.json but no weights "
+            "(model.safetensors, model-*.safetensors or pytorch_model*.bin); copy them there or fix the path"
+        )
+
+
 def check_files(values: dict, where: str, built_later: set[str] = frozenset()) -> None:
     """Every file, directory and reward the recipe names exists (``built_later``: a model a miniature builds)."""
     for key in ("dataset_name", "eval_dataset_name"):
@@ -112,6 +130,8 @@ def check_files(values: dict, where: str, built_later: set[str] = frozenset()) -
     local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
     if local and model not in built_later and not Path(model).expanduser().exists():
         raise RecipeError(f"{where}: model_name_or_path: local path {shown(model)} does not exist")
+    if isinstance(model, str) and model not in built_later and Path(model).expanduser().is_dir():
+        _check_model_folder(Path(model).expanduser(), where)
     _check_output_dir(values.get("output_dir"), where)
     deepspeed = values.get("deepspeed")
     if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():

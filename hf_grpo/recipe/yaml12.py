@@ -139,9 +139,26 @@ def _read_text(path: Path) -> str:
         raise RecipeError(f"{path}: cannot be read: {exc.strerror}") from None
 
 
+def _check_indentation(path: Path, text: str) -> None:
+    """YAML indents with spaces only: a no-break space or a tab there (pasted from a web page or an editor) makes
+    the parser point at the next line, or read the line as part of a value; name the line and the character."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        indent = line[: len(line) - len(line.lstrip(" \t\u00a0\u2007\u202f"))]
+        odd = next((c for c in indent if c not in " \t"), None)
+        if odd is None and line.startswith("\t"):  # a tab after spaces may be a block scalar's text
+            odd = "\t"
+        if odd is not None and line.strip() and not line.lstrip().startswith("#"):
+            name = {"\t": "a tab", "\u00a0": "a no-break space (U+00A0)"}.get(odd, f"U+{ord(odd):04X}")
+            raise RecipeError(
+                f"{path}: line {number} is indented with {name}; YAML indents with plain spaces only: replace it "
+                f"with spaces ({shown(line.strip()[:60])})"
+            )
+
+
 def read_yaml(path: Path) -> dict:
     """The mapping of a recipe file; RecipeError when it is missing, not UTF-8, invalid YAML, empty or not a mapping."""
     text = _read_text(path)
+    _check_indentation(path, text)
     try:
         data = load_yaml(text)
     except yaml.YAMLError as exc:
