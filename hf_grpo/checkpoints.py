@@ -101,8 +101,9 @@ def newest_complete(output_dir: str | os.PathLike, num_processes: int) -> tuple[
 def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
     """What ``Trainer.train(resume_from_checkpoint=...)`` gets for the recipe's ``resume_from_checkpoint``.
 
-    ``auto``/``true``: the newest complete checkpoint in ``output_dir``, or None (start over). A path: itself, once
-    checked. Raises CheckpointError for a path that cannot be resumed from.
+    ``auto``/``true``: the newest complete checkpoint in ``output_dir``, or None when there is none (start over).
+    A path: itself, once checked. Raises CheckpointError for a path that cannot be resumed from, and for ``auto`` when
+    ``output_dir`` holds checkpoints but none can be resumed from (another process count, all incomplete).
     """
     if value is None or value is False or (isinstance(value, str) and value.lower() in ("", "false", "none")):
         return None
@@ -112,8 +113,13 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
             logger.warning("resume: skipping %s: %s", folder, why)
         if found is not None:
             logger.info("resuming from %s", found)
-        elif skipped:
-            logger.warning("resume: no complete checkpoint in %s: starting from step 0", output_dir)
+        elif skipped:  # starting over would train from step 0 and overwrite them: never silently
+            newest, why = next(iter(skipped.items()))
+            raise CheckpointError(
+                f"resume_from_checkpoint {value}: {output_dir} holds {len(skipped)} checkpoint(s) and none can be "
+                f"resumed from (the newest, {newest}: {why}); fix that, or delete them (or choose another output_dir) "
+                "to start over"
+            )
         return str(found) if found is not None else None
     value = os.path.expanduser(value)  # `~/runs/x/checkpoint-10` from a recipe is no shell word: expand it here
     why = problem(value, num_processes)
@@ -142,6 +148,8 @@ FIXED_KEYS = (
     "use_dora",
     "num_generations",
 )
+# With the tiny model (built and warm-started locally, from the seed) these also fix the base model the adapter is on.
+TINY_FIXED_KEYS = ("seed", "warm_start_steps", "warm_start_lr")
 # Keys that differ between a run and its resume without changing what is resumed.
 _IGNORED_KEYS = ("resume_from_checkpoint", "output_dir")
 
@@ -162,7 +170,8 @@ def recipe_changes(saved: dict, current: dict, defaults: dict) -> tuple[dict, di
         old, new = saved.get(key, defaults.get(key)), current.get(key, defaults.get(key))
         if key in _IGNORED_KEYS or old == new:
             continue
-        (fixed if key in FIXED_KEYS else other)[key] = (old, new)
+        tiny = saved.get("model_name_or_path", defaults.get("model_name_or_path")) == "tiny"
+        (fixed if key in FIXED_KEYS or (tiny and key in TINY_FIXED_KEYS) else other)[key] = (old, new)
     return fixed, other
 
 
@@ -182,9 +191,10 @@ def keep_best(run_dir: str | os.PathLike, newest: str, score: float | None, keep
     """Record the checkpoint ``newest`` with its held-out accuracy and delete all but the ``keep`` best; returns what
     is kept.
 
-    A checkpoint without a score (saved at a step with no task evaluation: transformers saves at the last step
-    whatever ``save_steps`` is) is kept unranked while it is the newest, so that the run can resume from it; an
-    older unranked one is deleted with the ranked-out ones. The scores file is replaced atomically.
+    The newest checkpoint is kept while it is the newest, whatever its rank, so that the run resumes from where it
+    stopped (not from the peak step, retraining what came after); so is one without a score (saved at a step with no
+    task evaluation: transformers saves at the last step whatever ``save_steps`` is). Once older, a checkpoint
+    outside the best ``keep`` or without a score is deleted. The scores file is replaced atomically.
     """
     path = Path(run_dir) / SCORES_FILE
     scores = json.loads(path.read_text()) if path.exists() else {}
@@ -195,9 +205,10 @@ def keep_best(run_dir: str | os.PathLike, newest: str, score: float | None, keep
 
     ranked = sorted((name for name, value in scores.items() if value is not None), key=rank, reverse=True)
     kept = {name: scores[name] for name in ranked[:keep]}
-    if score is None:
-        kept[newest] = None
-        logger.info("keep_top_k: %s has no task evaluation (task_eval_steps); kept unranked to resume from", newest)
+    if newest not in kept:
+        kept[newest] = score
+        why = "has no task evaluation (task_eval_steps)" if score is None else f"ranks below the best {keep}"
+        logger.info("keep_top_k: %s %s; kept while it is the newest, to resume from", newest, why)
     for name in scores.keys() - kept.keys():
         shutil.rmtree(Path(run_dir) / name, ignore_errors=True)
     tmp = path.with_name(f"{path.name}.tmp")

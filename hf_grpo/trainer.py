@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 import trl
 from datasets import Dataset
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
 
 from . import sampling
@@ -138,9 +138,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         return total
 
     def _timed(self, phase: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)``, its seconds added to this training step's ``phase``. Evaluation
-        (``prediction_step``, model in eval mode) is not timed, so it never lands in the next step's ``time/*``;
-        whatever ``fn`` raises propagates unchanged, even on a half-built trainer."""
+        """``fn(*args, **kwargs)``, its seconds added to this training step's ``phase`` (not in evaluation, which would
+        land in the next step's ``time/*``); what ``fn`` raises propagates unchanged, even on a half-built trainer."""
         if not getattr(getattr(self, "model", None), "training", False):
             return fn(*args, **kwargs)
         start = time.perf_counter()
@@ -247,8 +246,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         return inputs
 
     def _save_checkpoint(self, model, trial):
-        start = time.perf_counter()
-        super()._save_checkpoint(model, trial)
+        start, limit = time.perf_counter(), self.args.save_total_limit
+        self.args.save_total_limit = None  # transformers would rotate before this one is complete: done below
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         rank = self.accelerator.process_index
         if self._stream is not None:
             digest = self._keep_digest.hexdigest()
@@ -260,11 +263,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:  # the main process; after the barrier, no process still writes into what is deleted
             write_manifest(self._checkpoint_dir(trial), self.accelerator.num_processes, self._stream is not None)
+            run_dir, step, last = self._get_output_dir(trial=trial), self.state.global_step, self.last_task_eval
+            # older checkpoints go only now that this one is complete (a kill in between keeps one to resume from)
+            rotate_checkpoints(run_dir, limit, self.state.best_model_checkpoint, use_mtime=True)
             if self.args.keep_top_k is not None:  # rank it by this step's held-out accuracy (None: not evaluated)
-                step, last = self.state.global_step, self.last_task_eval
                 score = last[1] if last is not None and last[0] == step else None
-                name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
-                keep_best(self._get_output_dir(trial=trial), name, score, self.args.keep_top_k)
+                keep_best(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}", score, self.args.keep_top_k)
         self.record_metric("time/checkpoint", time.perf_counter() - start)
 
     # ----------------------------------------------------------------------------------------------------------------

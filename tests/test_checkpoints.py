@@ -72,6 +72,43 @@ def test_every_saved_checkpoint_has_a_manifest_listing_each_process_file(saved_r
         assert problem(folder, 1) is None
 
 
+class Killed(BaseException):
+    """Stands in for a SIGKILL: nothing after it runs (no handler catches a BaseException that is not an Exception)."""
+
+
+def test_a_save_killed_before_it_completes_keeps_the_previous_checkpoint_with_save_total_limit_1(
+    tmp_path, monkeypatch
+):
+    """Issue 31: with save_total_limit 1 transformers deleted checkpoint-1 inside its _save_checkpoint of
+    checkpoint-2, before hf_grpo marked checkpoint-2 complete: a kill in between left nothing to resume from, and
+    `resume auto` started again from step 0. Now the rotation runs once checkpoint-2 is complete."""
+    from hf_grpo import trainer as trainer_module
+
+    out = tmp_path / "run"
+    real = trainer_module.write_manifest
+
+    def killed_at_step_2(folder, *args):
+        if str(folder).endswith("checkpoint-2"):
+            raise Killed
+        real(folder, *args)
+
+    monkeypatch.setattr(trainer_module, "write_manifest", killed_at_step_2)
+    tokenizer = build_tokenizer()
+    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
+    args = tiny_config(out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1)
+    trainer = GRPOTrainer(
+        model=build_model(tokenizer, hidden_size=32), reward_funcs=gsm8k_correctness, args=args,
+        train_dataset=train, processing_class=tokenizer, peft_config=tiny_lora(),
+    )  # fmt: skip
+    with pytest.raises(Killed):
+        trainer.train()
+    assert problem(out / "checkpoint-1", 1) is None  # complete, with its adapter
+    assert resolve_resume("auto", str(out), 1) == str(out / "checkpoint-1")
+    monkeypatch.setattr(trainer_module, "write_manifest", real)
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-1"))  # and the limit still holds afterwards
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+
+
 def test_auto_skips_a_checkpoint_stopped_mid_write_and_says_so(run_dir, caplog):
     (run_dir / "checkpoint-3" / MANIFEST).unlink()  # the state a kill between the first and the last file leaves
     (run_dir / "checkpoint-3" / "trainer_state.json").unlink()
@@ -104,13 +141,16 @@ def test_a_dynamic_sampling_checkpoint_resumes_only_on_as_many_processes(run_dir
     assert problem(run_dir / "checkpoint-3", 1) is None
 
 
-def test_auto_with_no_complete_checkpoint_starts_over(run_dir, caplog):
+def test_auto_over_checkpoints_it_cannot_use_stops_instead_of_starting_over(run_dir):
+    """Issue 31: `resume auto` over checkpoints it could not use (all incomplete, or another process count) warned
+    and trained from step 0, overwriting them; now it stops naming why and the ways out."""
+    with pytest.raises(CheckpointError, match=r"none can be resumed from .*checkpoint-3.*num_processes: 1.*delete"):
+        resolve_resume("auto", str(run_dir), 2)  # a 1-process run's dynamic-sampling checkpoints, 2 processes
     for folder in run_dir.glob("checkpoint-*"):
         (folder / MANIFEST).unlink()
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
-        assert resolve_resume("auto", str(run_dir), 1) is None
-    assert "starting from step 0" in caplog.text
-    assert resolve_resume("auto", str(run_dir / "nothing-here"), 1) is None
+    with pytest.raises(CheckpointError, match=f"holds 3 checkpoint.*{MANIFEST}"):
+        resolve_resume("auto", str(run_dir), 1)
+    assert resolve_resume("auto", str(run_dir / "nothing-here"), 1) is None  # no checkpoint at all: a fresh start
 
 
 def test_an_explicit_checkpoint_from_another_program_is_taken_unchecked(run_dir, caplog):
@@ -211,7 +251,9 @@ def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_
 
     assert save(2, 0.5) == {"checkpoint-2": 0.5}
     assert save(3, None) == {"checkpoint-2": 0.5, "checkpoint-3": None}  # the last step, not evaluated
-    assert save(4, 0.25) == {"checkpoint-2": 0.5}  # checkpoint-3 was unranked and is no longer the newest
+    # checkpoint-3 was unranked and is no longer the newest; checkpoint-4 ranks below the best 1 but is the newest:
+    # kept to resume from (issue 31: deleting it sent `resume auto` back to the peak step, retraining what followed)
+    assert save(4, 0.25) == {"checkpoint-2": 0.5, "checkpoint-4": 0.25}
     assert save(6, 0.75) == {"checkpoint-6": 0.75}
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"]
     assert json.loads((tmp_path / SCORES_FILE).read_text()) == {"checkpoint-6": 0.75}
@@ -281,3 +323,16 @@ def test_a_checkpoint_keeps_the_recipe_it_was_trained_with_and_says_when_it_is_f
         {"learning_rate": 0.001, "use_peft": True},
     )
     assert fixed == {"lora_r": (16, 8)} and other == {"learning_rate": (0.002, 0.001)}
+
+
+def test_the_tiny_models_seed_and_warm_start_fix_what_a_checkpoint_resumes():
+    """Issue 31: the tiny model is built and warm-started from the seed, so a checkpoint resumed with another seed or
+    warm start put its adapter on another base model, with only a warning; for a real model the seed is free."""
+    from hf_grpo.checkpoints import recipe_changes
+
+    saved, defaults = {"model_name_or_path": "tiny", "seed": 0, "warm_start_steps": 300}, {"seed": 42}
+    fixed, _ = recipe_changes(saved, {**saved, "seed": 1, "warm_start_steps": 100}, defaults)
+    assert fixed == {"seed": (0, 1), "warm_start_steps": (300, 100)}
+    real = {"model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "seed": 0}
+    fixed, other = recipe_changes(real, {**real, "seed": 1}, defaults)
+    assert fixed == {} and other == {"seed": (0, 1)}
