@@ -7,6 +7,7 @@ config's process count (the same thing ``accelerate launch --num_processes`` doe
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import shlex
@@ -208,6 +209,23 @@ def inside_launch() -> bool:
     return any(name in os.environ for name in ("LOCAL_RANK", "ACCELERATE_USE_CPU", LAUNCHED_ENV))
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_like_ctrl_c() -> None:
+    """In a training process: SIGTERM (a scheduler, a closed terminal) raises KeyboardInterrupt as Ctrl-C does, so
+    the run ends with its crash log and one line, its reward workers and lock released. Under a launch (accelerate,
+    torchrun), Linux also sends it SIGTERM when its launching parent dies (``PR_SET_PDEATHSIG``): SIGTERM to
+    ``accelerate launch`` itself, which exits at once, orphans no training process."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    if inside_launch() and sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
 def plan_commands(recipe, argv: list[str]) -> list[Command]:
     """The processes a recipe runs: the vLLM server (when it starts one) and the training launch.
 
@@ -319,7 +337,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     watchdog = Watchdog(WATCHDOG_GRACE_S)
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous, previous_int = signal.signal(signal.SIGTERM, terminate), signal.getsignal(signal.SIGINT)
     try:
         for command in commands:
             if command.role == "server":
@@ -339,6 +357,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
             print(failed_summary(recipe, argv, code), file=sys.stderr)  # noqa: T201
         return code
     except KeyboardInterrupt:
+        _kill_on_next_signal(children)  # a second Ctrl-C / SIGTERM: no more grace, and no traceback
         _stop_all(children, signal.SIGINT)
         print(stopped_summary(recipe, argv), file=sys.stderr)  # noqa: T201
         return 130
@@ -349,6 +368,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
             server.stop()
         watchdog.dismiss()  # only now: should stopping be cut short, the watchdog finishes it
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def quiet(argv: list[str], recipe) -> list[str]:
@@ -376,6 +396,18 @@ def stopped_summary(recipe, argv: list[str]) -> str:
         saved, _ = newest_complete(recipe.training.output_dir, recipe.layout.num_processes)
     what = f"the newest complete checkpoint is {saved}" if saved else "no complete checkpoint was saved yet"
     return f"hf_grpo: stopped by a signal; {what}; resume with: {crash_log.resume_command(argv)}"
+
+
+def _kill_on_next_signal(children) -> None:
+    """While stopping: SIGINT or SIGTERM again kills the launches' groups at once, instead of raising
+    KeyboardInterrupt in the middle of the stop (``run_launcher`` puts the handlers back)."""
+
+    def kill_now(signum, frame):
+        for child in children:
+            signal_group(child.pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_now)
+    signal.signal(signal.SIGINT, kill_now)
 
 
 def _stop_all(children, signum) -> None:

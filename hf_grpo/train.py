@@ -38,6 +38,7 @@ from .launch import (
     needs_launcher,
     plan_commands,
     run_launcher,
+    stop_like_ctrl_c,
     stopped_summary,
 )
 from .pipeline import resume_target, run
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             "`python -m hf_grpo.train RECIPE` instead of `accelerate launch`, or start the server yourself and set "
             "generation.base_url"
         )
+    stop_like_ctrl_c()  # SIGTERM, or the death of `accelerate launch`: the one line below, nothing left running
     try:
         run(recipe)
     except RecipeError as exc:  # found by the checks run() makes before loading (the checkpoint to resume from)
