@@ -113,6 +113,7 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
             logger.warning("resume: skipping %s: %s", folder, why)
         if found is not None:
             logger.info("resuming from %s", found)
+            _warn_if_weights_only(found)
         elif skipped:  # starting over would train from step 0 and overwrite them: never silently
             newest, why = next(iter(skipped.items()))
             raise CheckpointError(
@@ -131,7 +132,21 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
         good, _ = newest_complete(parent, num_processes)
         alternative = f"the newest complete one is {good}" if good else f"{parent} has no complete checkpoint"
         raise CheckpointError(f"resume_from_checkpoint: {value} cannot be resumed from: {why}; {alternative}")
+    _warn_if_weights_only(value)
     return value
+
+
+def _warn_if_weights_only(checkpoint: str | os.PathLike) -> None:
+    """A ``save_only_model`` checkpoint has weights but no optimizer, scheduler or RNG state: say that the run goes on
+    from its weights with a fresh optimizer (Adam's moments at zero), so it does not continue as it would have."""
+    missing = [name for name in ("optimizer.pt", "scheduler.pt") if not (Path(checkpoint) / name).is_file()]
+    if missing:
+        logger.warning(
+            "resume: %s has no %s (saved with save_only_model: true): training goes on from its weights with a fresh "
+            "optimizer and schedule state, not exactly as the run would have continued",
+            checkpoint,
+            " or ".join(missing),
+        )
 
 
 # Recipe keys that fix the shapes or the meaning of what a checkpoint holds: resuming with another value fails after

