@@ -292,7 +292,10 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
     """One split of a preset, hub or local dataset, unformatted."""
     if name in EMBEDDED:
         if split not in embedded_splits(name):
-            raise ValueError(f"dataset {name!r} has the splits {embedded_splits(name)}, not {split!r}")
+            splits = " and ".join(repr(s) for s in embedded_splits(name))
+            raise ValueError(
+                f"dataset {name!r} has the split{'s' if ' and ' in splits else ''} {splits}, not {split!r}"
+            )
         if name == "arithmetic_transfer":
             return Dataset.from_list(arithmetic.make_transfer_split(args.arithmetic_eval_size, seed))
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
