@@ -112,10 +112,13 @@ def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
     out = tmp_path / "topk"
     result = launch_cpu_module("tests.scripts.keep_top_k_check", out)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # the best: accuracy 1/step
-    assert json.loads((out / "checkpoint_scores.json").read_text()) == {"checkpoint-1": 1.0}
-    files = {p.name for p in (out / "checkpoint-1").iterdir()}
-    assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= files, files
+    # the best (accuracy 1/step) and the newest, kept to resume from whatever its rank (issue 31)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3"]
+    scores = json.loads((out / "checkpoint_scores.json").read_text())
+    assert scores == {"checkpoint-1": 1.0, "checkpoint-3": pytest.approx(1 / 3)}
+    for name in scores:  # checkpoint-2 was deleted only once both ranks had written into it: not re-created
+        files = {p.name for p in (out / name).iterdir()}
+        assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= files, (name, files)
 
 
 def test_carried_groups_stay_within_one_step_when_one_process_never_keeps_any(tmp_path):
