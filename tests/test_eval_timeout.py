@@ -281,6 +281,7 @@ def test_task_evaluator_grades_in_the_trainers_reward_pool(tmp_path):
         max_completion_length=8,
         per_device_eval_batch_size=8,
         task_eval_max_samples=None,
+        chat_template_kwargs=None,
     )
     with RewardPool(num_workers=1) as pool:
         trainer = SimpleNamespace(reward_funcs=[isolate(math_correctness, pool, timeout=7.0)])

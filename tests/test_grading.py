@@ -901,6 +901,7 @@ def test_reward_funcs_registry():
         "r1_zero_format",
         "think_format",
         "hash_format",
+        "hash_final_format",
         "length",
         "soft_overlong",
     }

@@ -135,7 +135,7 @@ def test_the_transfer_set_mixes_kinds_and_never_holds_a_training_question():
 
 def test_the_transfer_set_is_held_out_only():
     data = DataArguments(dataset_name="arithmetic_transfer")
-    with pytest.raises(ValueError, match=r"'arithmetic_transfer' has the splits \['test'\], not 'train'"):
+    with pytest.raises(ValueError, match="'arithmetic_transfer' has the split 'test', not 'train'"):
         load_grpo_datasets(data, seed=0)
 
 
