@@ -352,7 +352,12 @@ def run_launcher(recipe, argv: list[str]) -> int:
                     env[SERVER_STARTED_ENV] = "1"
                 children.append(subprocess.Popen(quiet(command.argv, recipe), env=env, start_new_session=True))
                 watchdog.watch(children[-1].pid)
-        code = _wait_all(children)
+        # From here a stop signal only sets a flag that the wait loop reads: raised as an exception it could land
+        # inside Popen.poll between taking and releasing its internal lock, and the stop's wait() then blocks forever.
+        stop: list[int] = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda received, frame: stop.append(received))
+        code = _wait_all(children, stop)
         if code != 0:
             print(failed_summary(recipe, argv, code), file=sys.stderr)  # noqa: T201
         return code
@@ -425,10 +430,13 @@ def _stop_all(children, signum) -> None:
             child.wait()
 
 
-def _wait_all(children) -> int:
-    """Wait for every training launch; when one fails, stop the others (a simulated machine would wait forever)."""
+def _wait_all(children, stop: list[int]) -> int:
+    """Wait for every training launch; when one fails, stop the others (a simulated machine would wait forever).
+    A signal recorded in ``stop`` ends the wait as KeyboardInterrupt, raised here, between two polls."""
 
     while True:
+        if stop:
+            raise KeyboardInterrupt(f"signal {stop[0]}")
         codes = [child.poll() for child in children]
         failed = [code for code in codes if code not in (None, 0)]
         if failed:
