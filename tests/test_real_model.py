@@ -80,10 +80,12 @@ def test_its_tokenizer_measures_prompts_as_trl_tokenizes_them(model_dir):
         prompt_template="{question}\nEnd your answer with the final number after '####'.",
     )
     train, held_out = load_grpo_datasets(data, seed=0)
-    prompts = list(train["prompt"]) + list(held_out["prompt"]) + ["Tom has 3 apples. How many?", "#### 7"]
-    expected = trl_prompt_ids(tokenizer, prompts)
-    assert prompt_lengths(tokenizer, prompts) == [len(ids) for ids in expected]
-    assert [prompt_token_ids(tokenizer, p) for p in prompts] == expected
+    chats = list(train["prompt"]) + list(held_out["prompt"])
+    for prompts in (chats, ["Tom has 3 apples. How many?", "#### 7"]):  # TRL takes one kind of prompt per batch
+        ids = trl_prompt_ids(tokenizer, prompts)
+        assert prompt_lengths(tokenizer, prompts) == [len(i) for i in ids]
+        assert [prompt_token_ids(tokenizer, p) for p in prompts] == ids
+    expected = trl_prompt_ids(tokenizer, chats)
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
     # what HF generate and vLLM stop on (the model's generation config) is the end of the assistant turn
     assert GenerationConfig.from_pretrained(model_dir).eos_token_id == tokenizer.eos_token_id
