@@ -93,6 +93,7 @@ args = SimpleNamespace(
     max_completion_length=8,
     per_device_eval_batch_size=8,
     task_eval_max_samples=None,
+    chat_template_kwargs=None,
 )
 dataset = Dataset.from_dict({"prompt": spec["prompts"], "solution": spec["golds"]})
 evaluator = TaskEvaluator(dataset, "math", args)  # as hf_grpo.pipeline.run builds it
