@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 
 import pytest
-import trl
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig
 
@@ -25,6 +23,7 @@ from hf_grpo.evaluation.core import prompt_token_ids
 from hf_grpo.generation.vllm_install import find_vllm
 
 from .helpers.common import run_module
+from .test_long_prompts import trl_prompt_ids
 
 
 pytestmark = [
@@ -53,19 +52,6 @@ def model_dir():
     assert folder == local_models.resolve(NAME)
     local_models.verify(folder)
     return folder
-
-
-def trl_prompt_ids(tokenizer, prompts: list) -> list[list[int]]:
-    """The prompt ids TRL's own GRPOTrainer._tokenize_prompts builds (on a stand-in holding what it reads)."""
-    trainer = SimpleNamespace(
-        processing_class=tokenizer,
-        _is_vlm=False,
-        environment_factories=None,
-        tools=None,
-        chat_template=None,
-        chat_template_kwargs={},
-    )
-    return [list(ids) for ids in trl.GRPOTrainer._tokenize_prompts(trainer, prompts)[0]]
 
 
 def test_its_tokenizer_measures_prompts_as_trl_tokenizes_them(model_dir):
