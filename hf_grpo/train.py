@@ -17,6 +17,7 @@ LoRA), measures held-out accuracy again and writes ``eval_results.json``, ``trai
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import json
 import logging
@@ -164,6 +165,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return server_failed(recipe, passthrough, exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or the launcher stopping its processes
         return interrupted(recipe, passthrough, exc)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return disk_full(recipe, passthrough, exc)
     return 0
 
 
@@ -183,6 +188,20 @@ def server_failed(recipe, argv: list[str], exc: VLLMConnectionError | VLLMServer
     return fail(
         f"the vLLM server at {recipe.generation.url} stopped answering ({' '.join(str(exc).split())}); its log: "
         f"{where}; the traceback: {traceback_log}; resume with: {crash_log.resume_command(argv)}",
+        status=1,
+    )
+
+
+def disk_full(recipe, argv: list[str], exc: OSError) -> int:
+    """No space left (or over quota) while writing: the file, the folder to free, the resume command."""
+    crash_log.write(recipe.training.output_dir, exc)  # may fail too: it says nothing then
+    if not first_rank():
+        return 1
+    print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
+    return fail(
+        f"{exc.strerror} writing {exc.filename or 'a file'}: free space where output_dir "
+        f"({recipe.training.output_dir}) lives (`df -h {recipe.training.output_dir}`); the last complete checkpoint "
+        f"is kept; resume with: {crash_log.resume_command(argv)}",
         status=1,
     )
 

@@ -63,6 +63,29 @@ def test_a_null_prompt_in_a_text_column_is_refused():
         _to_grpo(raw, args, args.resolved(), "train")
 
 
+def test_a_bad_prompt_is_named_by_its_row_in_the_file_before_the_split_shuffles_it(tmp_path):
+    """Issue 31: with eval_split_size the rows were shuffled first, and a null at file row 116 was "row 8"."""
+    prompts = [MESSAGES] * 200
+    prompts[116] = None
+    data = write_jsonl(tmp_path / "null.jsonl", prompts)
+    args = DataArguments(dataset_name=data, prompt_column="q", solution_column="a", task="gsm8k", eval_split_size=0.1)
+    with pytest.raises(ValueError, match=r"prompt_column 'q', row 116: the prompt is a null"):
+        load_grpo_datasets(args)
+
+
+def test_a_csv_that_is_not_utf8_exits_2_naming_the_file_and_the_fix(tmp_path, capsys):
+    """Issue 31: a spreadsheet's cp1252 CSV ended in datasets' DatasetGenerationError traceback."""
+    data = tmp_path / "cp1252.csv"
+    data.write_bytes('q,a\n"Caf\u00e9 sells 3 + 4 cakes?","#### 7"\n'.encode("cp1252"))
+    argv = [TINY, "--dataset_name", str(data), "--prompt_column", "q", "--solution_column", "a", "--task", "gsm8k"]
+    code = main(argv + ["--max_steps", "1", "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"dataset file {str(data)!r} is not UTF-8 text: byte e9" in lines[0], lines[0]
+    assert "iconv -f cp1252 -t utf-8" in lines[0], lines[0]
+
+
 @pytest.mark.parametrize("system", [False, True])
 def test_chat_format_jsonl_still_loads(system, tmp_path):
     messages = [{"role": "user", "content": "What is 0 + 0?"}]

@@ -18,6 +18,7 @@ from hf_grpo.rewards.functions import (
     REWARD_FUNCS,
     completion_text,
     gsm8k_correctness,
+    hash_correctness,
     hash_format,
     length,
     math_correctness,
@@ -896,6 +897,7 @@ def test_completion_text():
 def test_reward_funcs_registry():
     assert set(REWARD_FUNCS) == {
         "gsm8k_correctness",
+        "hash_correctness",
         "math_correctness",
         "r1_zero_correctness",
         "r1_zero_format",
@@ -922,6 +924,25 @@ def test_gsm8k_correctness(wrap):
     )
     assert rewards == [1.0, 1.0, 0.0, 0.0]
     assert_grade_metrics(log, correct=0.5, wrong=0.25, unparseable=0.25)
+
+
+@pytest.mark.parametrize("wrap", [str, conversational], ids=["plain", "conversational"])
+def test_hash_correctness_pays_only_for_the_answer_after_the_last_hashes(wrap):
+    """What gsm8k_correctness reads anywhere (a last number, "the answer is"), this one does not: a policy that
+    rambles to the token limit and ends on a lucky number gets nothing."""
+    completions = [
+        wrap("3 + 4 = 7\n#### 7"),
+        wrap("3 + 4 = 7, so she has 7 apples and then"),  # right last number, unmarked
+        wrap("The answer is 7."),
+        wrap("#### 8\nno wait\n#### 7"),  # the last '####' counts
+        wrap("#### 7\n#### 8"),
+        wrap("3 + 4 = 7 ####"),  # '####' with no number after it: not read from before it
+    ]
+    gold = ["#### 7"] * 6
+    log = MetricLog()
+    assert hash_correctness(completions, solution=gold, log_metric=log) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert gsm8k_correctness(completions, solution=gold) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    assert_grade_metrics(log, correct=2 / 6, wrong=1 / 6, unparseable=3 / 6)
 
 
 @pytest.mark.parametrize("wrap", [str, conversational], ids=["plain", "conversational"])

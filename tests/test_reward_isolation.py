@@ -18,6 +18,7 @@ import pytest
 from hf_grpo.rewards import RewardArguments, RewardLoadError, load_reward_funcs
 from hf_grpo.rewards.functions import (
     gsm8k_correctness,
+    hash_correctness,
     hash_format,
     length,
     math_correctness,
@@ -94,6 +95,16 @@ def test_pathological_math_completion_times_out_alone(pool):
     assert metrics.values["accuracy"] == [0.5]
     assert metrics.values["grade/wrong"] == [0.25]
     assert metrics.values["grade/unparseable"] == [0.25]
+
+
+def test_hash_correctness_grades_in_the_workers_as_in_process(pool):
+    reward = isolate(hash_correctness, pool, timeout=TIMEOUT)
+    assert isinstance(reward, IsolatedCorrectness)
+    completions = ["3 + 4 = 7\n#### 7", "3 + 4 = 7", "#### 8"]
+    metrics = Metrics()
+    rewards = reward(completions=completions, solution=["#### 7"] * 3, log_metric=metrics)
+    assert rewards == hash_correctness(completions, solution=["#### 7"] * 3) == [1.0, 0.0, 0.0]
+    assert metrics.values["grade/unparseable"] == [pytest.approx(1 / 3)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

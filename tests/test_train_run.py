@@ -105,6 +105,7 @@ def readme_run_command() -> str:
     return block.strip().split("&&")[-1].strip()
 
 
+@pytest.mark.slow  # ~2 min on 2 cores: the default tier stays under 15 minutes
 def test_default_run_learns(tmp_path):
     """README's first command, as printed, learns: held-out gain >= 0.20 with its paired 95% interval above 0.10.
 

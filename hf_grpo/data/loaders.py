@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 from datasets import Dataset, LargeList, List, Value, load_dataset
+from datasets.exceptions import DatasetGenerationError
 from trl import ScriptArguments
 
 from ..rewards.grading import TASKS, check_gold_format, gsm8k_gold
@@ -302,15 +303,31 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
         return Dataset.from_list(arithmetic.make_split(split, size, seed))
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")
     if mirror is not None:  # a local copy of this hub split (same schema), e.g. a miniature's
-        return load_dataset(local_builder(mirror), data_files=mirror, split="train")
+        return _load_file(mirror)
     if is_local_file(name):
         if not os.path.exists(name):
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
-        return load_dataset(local_builder(name), data_files=name, split="train")
+        return _load_file(name)
     try:
         return load_dataset(name, config, split=split)
     except ValueError as exc:  # unknown split: datasets names the available ones
         raise ValueError(f"dataset {name!r} (config {config!r}) has no split {split!r}: {exc}") from None
+
+
+def _load_file(path: str) -> Dataset:
+    """A local data file as one split; a file that is not UTF-8 (a spreadsheet's cp1252 CSV) is a ``ValueError``
+    naming the file, the first byte that is not and the fix, rather than datasets' ``DatasetGenerationError``."""
+    try:
+        return load_dataset(local_builder(path), data_files=path, split="train")
+    except DatasetGenerationError as exc:
+        bad = exc.__cause__
+        if not isinstance(bad, UnicodeDecodeError):
+            raise
+        byte, near = bad.object[bad.start : bad.start + 1], bad.object[max(0, bad.start - 20) : bad.start + 20]
+        raise ValueError(
+            f"dataset file {path!r} is not UTF-8 text: byte {byte.hex()} in {near!r}; save it as UTF-8 (for a "
+            f"Windows-1252 file: iconv -f cp1252 -t utf-8 {path} > utf8{os.path.splitext(path)[1]})"
+        ) from None
 
 
 def source_splits(args: DataArguments) -> dict[str, tuple[dict, str]]:
@@ -346,7 +363,8 @@ TRL_COLUMNS = {"prompt_column": "prompt", "solution_column": "solution"}  # what
 GOLD_SAMPLE = 200  # gold answers checked against the task's format (check_gold_format)
 
 
-def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Dataset:
+def _with_columns(raw: Dataset, spec: dict, where: str) -> dict:
+    """``spec`` with its prompt and solution columns found in ``raw`` (TRL's names when unset), or a ``ValueError``."""
     spec = dict(spec)
     for key in ("prompt_column", "solution_column"):
         if spec[key] is None and TRL_COLUMNS[key] in raw.column_names:
@@ -359,9 +377,21 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
                 f"{key}: column {column!r} is not in the {where} data {spec['name']!r} (columns: {raw.column_names}); "
                 f"set {key} to one of them"
             )
+    return spec
+
+
+def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
+    """``raw`` with its prompts checked (``check_prompts``) and blank ones dropped, rows named by their place in
+    ``raw``: called on a file as read, before any split or shuffle, a row number is the file's."""
+    spec = _with_columns(raw, spec, where)
+    check_prompts(raw, spec["prompt_column"], where, spec["name"])
+    return _drop_blank_prompts(raw, spec["prompt_column"], where, spec["name"])
+
+
+def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Dataset:
+    spec = _with_columns(raw, spec, where)
     prompt_col, gold_col, task = spec["prompt_column"], spec["solution_column"], spec["task"]
-    check_prompts(raw, prompt_col, where, spec["name"])
-    raw = _drop_blank_prompts(raw, prompt_col, where, spec["name"])
+    raw = _checked_prompts(raw, spec, where)
 
     def readable(row) -> bool:
         if row[gold_col] is None:  # a null gold, which str() would make the answer "None"
@@ -406,7 +436,8 @@ def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dat
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}; set task in the recipe")
     train, test = _raw_splits(args, seed)
-    if test is None and args.eval_split_size > 0:
+    if test is None and args.eval_split_size > 0:  # rows named by the file's order, not the shuffled split's
+        train = _checked_prompts(train, args.resolved(), "train")
         parts = train.train_test_split(test_size=args.eval_split_size, seed=seed)
         train, test = parts["train"], parts["test"]
     train = _to_grpo(train, args, args.resolved(), "train")

@@ -17,13 +17,19 @@ from ..outputs import HISTORY_FILE
 
 
 def write_json(path: str | Path, data) -> None:
-    """Write JSON atomically (temp file + rename), so readers never see half a file."""
+    """Write JSON atomically (temp file + rename), so readers never see half a file; a write that fails (a full
+    disk) removes the temp file and raises ``OSError`` naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, allow_nan=False)
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk: nothing half-written left behind, and the error names the file
+        tmp.unlink(missing_ok=True)
+        exc.filename = exc.filename or str(path)
+        raise
 
 
 def _clean(value):

@@ -35,6 +35,7 @@ TASK_OF_REWARD = {
     "accuracy_reward": "math",
     "reasoning_accuracy_reward": "math",
     "gsm8k_correctness": "gsm8k",
+    "hash_correctness": "gsm8k",
 }
 LORA_KEYS = (
     "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save",

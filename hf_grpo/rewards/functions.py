@@ -43,9 +43,11 @@ def log_grades(grades: list[str], log_metric: Callable[[str, float], None] | Non
 
 
 def grade_completion(task: str, completion, gold: str) -> str:
-    """The grade of one completion for a correctness reward; ``task`` is ``"gsm8k"``, ``"math"`` or ``"r1_zero"``.
+    """The grade of one completion for a correctness reward; ``task`` is ``"gsm8k"``, ``"math"``, ``"r1_zero"`` or
+    ``"gsm8k_hash"``.
 
     ``"r1_zero"`` grades the ``<answer>`` content as MATH; a completion that breaks the format is unparseable.
+    ``"gsm8k_hash"`` grades only what follows the completion's last ``####``; without ``####`` it is unparseable.
 
     >>> grade_completion("r1_zero", "<think>1+1</think> <answer>2</answer>", "\\\\boxed{2}")
     'correct'
@@ -54,6 +56,8 @@ def grade_completion(task: str, completion, gold: str) -> str:
     if task == "r1_zero":
         answer = r1_zero_answer(text)
         return "unparseable" if answer is None else grade(f"\\boxed{{{answer}}}", gold, "math")
+    if task == "gsm8k_hash":
+        return "unparseable" if "####" not in text else grade("####" + text.rsplit("####", 1)[1], gold, "gsm8k")
     return grade(text, gold, task)
 
 
@@ -70,6 +74,19 @@ def gsm8k_correctness(completions, solution, log_metric=None, **kwargs) -> list[
     [1.0, 0.0]
     """
     return _correctness("gsm8k", completions, solution, log_metric)
+
+
+def hash_correctness(completions, solution, log_metric=None, **kwargs) -> list[float]:
+    """1.0 if the number after the completion's last ``####`` equals the GSM8K gold answer, else 0.0.
+
+    ``gsm8k_correctness`` also reads an answer the model did not mark (its last number, "the answer is N"), which a
+    policy can collect by rambling to the token limit and ending on a lucky number; this one pays only for the
+    answer where the prompt asked for it.
+
+    >>> hash_correctness(["3 + 4 = 7\\n#### 7", "3 + 4 = 7", "#### 7 or 8"], solution=["#### 7"] * 3)
+    [1.0, 0.0, 1.0]
+    """
+    return _correctness("gsm8k_hash", completions, solution, log_metric)
 
 
 def math_correctness(completions, solution, log_metric=None, **kwargs) -> list[float]:
@@ -257,10 +274,12 @@ GRADED_REWARDS: dict[Callable, str] = {
     gsm8k_correctness: "gsm8k",
     math_correctness: "math",
     r1_zero_correctness: "r1_zero",
+    hash_correctness: "gsm8k_hash",
 }
 
 REWARD_FUNCS: dict[str, Callable] = {
     "gsm8k_correctness": gsm8k_correctness,
+    "hash_correctness": hash_correctness,
     "math_correctness": math_correctness,
     "r1_zero_correctness": r1_zero_correctness,
     "r1_zero_format": r1_zero_format,
