@@ -28,7 +28,7 @@ from .generation.layout import format_env_command, pinned, server_command, train
 from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
 from .vllm_standin import STANDIN_DIR
-from .watchdog import Watchdog, signal_group  # each launch leads its own group (start_new_session)
+from .watchdog import Watchdog, ask_group_to_stop, signal_group  # each launch leads its own group (start_new_session)
 
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -420,7 +420,7 @@ def _stop_all(children, signum) -> None:
 
     for child in children:
         if child.poll() is None:
-            signal_group(child.pid, signum)
+            ask_group_to_stop(child.pid, signum)
     deadline = time.monotonic() + STOP_GRACE_S
     for child in children:
         try:

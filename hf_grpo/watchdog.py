@@ -70,9 +70,17 @@ def signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
+def ask_group_to_stop(pgid: int, signum: int = signal.SIGTERM) -> bool:
+    """Send ``signum`` to group ``pgid``, then SIGCONT: a stopped (SIGSTOP, Ctrl-Z) process would otherwise hold the
+    signal pending until its grace ran out. False when the group has no process left."""
+    sent = signal_group(pgid, signum)
+    signal_group(pgid, signal.SIGCONT)
+    return sent
+
+
 def stop_groups(groups: list[int], grace_s: float) -> None:
     """SIGTERM to each group; SIGKILL to those that still have a process after ``grace_s`` seconds."""
-    alive = [pgid for pgid in groups if signal_group(pgid, signal.SIGTERM)]
+    alive = [pgid for pgid in groups if ask_group_to_stop(pgid)]
     deadline = time.monotonic() + grace_s
     while alive and time.monotonic() < deadline:
         time.sleep(POLL_S)

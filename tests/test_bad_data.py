@@ -4,13 +4,14 @@ exit 2 and one line naming the column, the row and the type, instead of training
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
 from hf_grpo.train import main
 
-from .helpers.common import REPO
+from .helpers.common import REPO, run_module
 
 
 TINY = str(REPO / "recipes" / "tiny.yaml")
@@ -84,6 +85,37 @@ def test_a_csv_that_is_not_utf8_exits_2_naming_the_file_and_the_fix(tmp_path, ca
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert f"dataset file {str(data)!r} is not UTF-8 text: byte e9" in lines[0], lines[0]
     assert "iconv -f cp1252 -t utf-8" in lines[0], lines[0]
+
+
+def unwritable_folder(tmp_path) -> str | None:
+    """A folder this process cannot create files in: a read-only one, or, for root (whom modes do not stop), one
+    under sysfs; None when there is none."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/sys/kernel/hf_grpo_cache")):
+        try:
+            (candidate / "probe").mkdir(parents=True)
+        except OSError:
+            return str(candidate)
+    return None
+
+
+def test_a_read_only_datasets_cache_exits_2_before_the_model_loads(tmp_path):
+    """Issue 31: a read-only HF_HOME / datasets cache ended in a PermissionError traceback from datasets."""
+    cache = unwritable_folder(tmp_path)
+    if cache is None:
+        pytest.skip("no folder here refuses this process a write")
+    data = write_jsonl(tmp_path / "ok.jsonl", ["What is 0 + 0?"] * 4)
+    argv = [TINY, "--dataset_name", data, "--prompt_column", "q", "--solution_column", "a", "--task", "gsm8k"]
+    result = run_module(
+        "hf_grpo.train", *argv, "--output_dir", str(tmp_path / "run"), env={"HF_DATASETS_CACHE": cache}
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "cannot write the datasets cache" in lines[0] and "set HF_DATASETS_CACHE (or HF_HOME)" in lines[0]
+    assert cache in lines[0]
+    assert not (tmp_path / "run" / "base_model").exists()
 
 
 @pytest.mark.parametrize("system", [False, True])

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from hf_grpo.crash_log import resume_command
+from hf_grpo.generation.server import VLLMServerProcess
+from hf_grpo.launch import free_port
 from hf_grpo.train import main
 
 from .helpers.common import REPO
@@ -139,3 +141,27 @@ def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_leaves_no_te
     assert f"No space left on device writing {out / 'training_history.json'}" in lines[0], lines[0]
     assert "--resume_from_checkpoint auto" in lines[0], lines[0]
     assert not (out / "training_history.json.tmp").exists()
+
+
+HANDLES_SIGTERM = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); print('ready', flush=True); "
+    "time.sleep(600)"
+)
+
+
+def test_a_frozen_server_is_continued_so_that_it_ends_by_sigterm_not_after_the_grace(tmp_path):
+    """Issue 31: a SIGSTOPped server held SIGTERM pending for the whole grace, then got SIGKILL; SIGCONT after the
+    SIGTERM lets it end at once. Asserted by how it ended (its SIGTERM handler's exit, not SIGKILL), not by a time.
+    The stand-in handles SIGTERM as vLLM's server does: a default-action SIGTERM kills even a stopped process."""
+    server = VLLMServerProcess(
+        [sys.executable, "-c", HANDLES_SIGTERM],
+        {},
+        f"http://127.0.0.1:{free_port()}",
+        tmp_path / "s.log",
+        30,
+    )
+    server.start()
+    assert wait_until(lambda: "ready" in (tmp_path / "s.log").read_text(), timeout=300)  # its handler is set
+    os.killpg(server.process.pid, signal.SIGSTOP)
+    server.stop(grace_s=120)
+    assert server.process.returncode == 3

@@ -8,10 +8,13 @@ file works with explicit columns. Other columns are kept for the rewards. Preset
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 from dataclasses import dataclass, field
 
+import datasets.config
 import pyarrow.compute as pc
 from datasets import Dataset, LargeList, List, Value, load_dataset
 from datasets.exceptions import DatasetGenerationError
@@ -309,16 +312,32 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
         return _load_file(name)
     try:
-        return load_dataset(name, config, split=split)
+        with _cache_must_be_writable():
+            return load_dataset(name, config, split=split)
     except ValueError as exc:  # unknown split: datasets names the available ones
         raise ValueError(f"dataset {name!r} (config {config!r}) has no split {split!r}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _cache_must_be_writable():
+    """A datasets cache that cannot be written (a read-only ``HF_HOME``) as a ``ValueError`` naming it and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise ValueError(
+            f"cannot write the datasets cache ({exc.strerror}: {exc.filename}): set HF_DATASETS_CACHE (or HF_HOME) "
+            f"to a writable folder; it is {datasets.config.HF_DATASETS_CACHE} now"
+        ) from None
 
 
 def _load_file(path: str) -> Dataset:
     """A local data file as one split; a file that is not UTF-8 (a spreadsheet's cp1252 CSV) is a ``ValueError``
     naming the file, the first byte that is not and the fix, rather than datasets' ``DatasetGenerationError``."""
     try:
-        return load_dataset(local_builder(path), data_files=path, split="train")
+        with _cache_must_be_writable():
+            return load_dataset(local_builder(path), data_files=path, split="train")
     except DatasetGenerationError as exc:
         bad = exc.__cause__
         if not isinstance(bad, UnicodeDecodeError):

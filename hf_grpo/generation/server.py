@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..watchdog import ask_group_to_stop
 from .vllm_client import VLLMServerClient, still_waiting
 
 
@@ -117,7 +118,7 @@ class VLLMServerProcess:
             return
         logger.info("stopping the vLLM server (pid %d)", self.process.pid)
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            ask_group_to_stop(self.process.pid)  # SIGTERM, and SIGCONT for a stopped server
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
