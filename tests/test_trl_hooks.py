@@ -95,28 +95,55 @@ def test_trl_methods_we_call():
         "batch_size",
     ]
     assert "_get_output_dir" in dir(trl.GRPOTrainer)
-    # overlapped generation tokenizes the rounds it sends ahead as TRL's _generate does, and compares the result
-    # with the ids TRL passes to _generate_single_turn later (generation/overlap.py)
     assert params(trl.GRPOTrainer, "_tokenize_prompts") == ["self", "prompts"]
-    assert "self._tokenize_prompts(prompts)" in inspect.getsource(trl.GRPOTrainer._generate)
 
 
-def test_trainer_attributes_we_read():
-    source = inspect.getsource(trl.GRPOTrainer.__init__)
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory):
+    """A stock ``trl.GRPOTrainer`` on the tiny model: what TRL itself sets up and calls."""
+    from .helpers import reward_scripts
+
+    model, tokenizer, train = _tiny_parts()
+    args = trl.GRPOConfig(
+        str(tmp_path_factory.mktemp("stock")), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=4, report_to=[], bf16=False, use_cpu=True,
+    )  # fmt: skip
+    return trl.GRPOTrainer(model, reward_scripts.alternating, args, train_dataset=train, processing_class=tokenizer), train
+
+
+def test_trls_generate_tokenizes_through_tokenize_prompts(stock, monkeypatch):
+    """Overlapped generation tokenizes the rounds it sends ahead with ``_tokenize_prompts`` and compares the result with
+    the ids TRL passes on later (generation/overlap.py): TRL's ``_generate`` must tokenize through that method."""
+    trainer, train = stock
+    seen = []
+    tokenize = trainer._tokenize_prompts
+
+    def spy(prompts):
+        seen.append(prompts)
+        return tokenize(prompts)
+
+    monkeypatch.setattr(trainer, "_tokenize_prompts", spy)
+    prompts = [train[0]["prompt"]] * 4
+    trainer._generate(prompts)
+    assert seen == [prompts]
+
+
+def test_trainer_attributes_we_read(stock):
+    trainer, _ = stock
     for attribute in (
-        "self.reward_weights",
-        "self.reward_func_names",
-        "self._metrics",
-        "self._step",
-        "self.num_generations",
-        "self.num_generations_eval",
-        "self.scale_rewards",
-        "self._is_vlm",
-        "self.vllm_importance_sampling_mode",
-        "self.rollout_func",
-        "self.environment_factories",
+        "reward_weights",
+        "reward_func_names",
+        "_metrics",
+        "_step",
+        "num_generations",
+        "num_generations_eval",
+        "scale_rewards",
+        "_is_vlm",
+        "vllm_importance_sampling_mode",
+        "rollout_func",
+        "environment_factories",
     ):
-        assert attribute in source or attribute in inspect.getsource(trl.GRPOTrainer), attribute
+        assert hasattr(trainer, attribute), attribute
 
 
 def test_scored_batch_keys_are_the_ones_dynamic_sampling_knows():
