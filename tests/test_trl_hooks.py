@@ -108,7 +108,9 @@ def stock(tmp_path_factory):
         str(tmp_path_factory.mktemp("stock")), per_device_train_batch_size=4, num_generations=4,
         max_completion_length=4, report_to=[], bf16=False, use_cpu=True,
     )  # fmt: skip
-    return trl.GRPOTrainer(model, reward_scripts.alternating, args, train_dataset=train, processing_class=tokenizer), train
+    return trl.GRPOTrainer(
+        model, reward_scripts.alternating, args, train_dataset=train, processing_class=tokenizer
+    ), train
 
 
 def test_trls_generate_tokenizes_through_tokenize_prompts(stock, monkeypatch):
