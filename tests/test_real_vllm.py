@@ -136,11 +136,12 @@ def test_the_dedicated_recipe_overlaps_generation_through_real_vllm(tmp_path, ca
     later step's first round by the adapter one update older, sent while the step before trained; real vLLM keeps
     the older adapter loaded while it generates and the run ends cleanly. Without dynamic sampling, so that every
     step trains on its first round (the filter may drop all of a round's groups, and then the step trains on fresh
-    ones)."""
+    ones). With 16 samples of one prompt per step, each of the 2 training processes holds half a group: overlap sends
+    every process's own rows (issue 31, item 1: it sent one row per group, and a partial group broke the step)."""
     out = tmp_path / "run"
     run = run_module(
         "hf_grpo.train", DEDICATED, "--miniature", "--output_dir", str(out), "--max_steps", "4",
-        "--dynamic_sampling", "false", env=cache_env, timeout=TIMEOUT,
+        "--dynamic_sampling", "false", "--num_generations", "16", env=cache_env, timeout=TIMEOUT,
     )  # fmt: skip
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     server_log = (out / "vllm_server.log").read_text()
