@@ -12,11 +12,15 @@ A recipe is one flat YAML file whose keys are the fields of these classes (``hf_
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig, ModelConfig
+
+
+logger = logging.getLogger(__name__)
 
 
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -64,7 +68,9 @@ class HfGRPOConfig(GRPOConfig):
 
         dynamic_sampling (`bool`, defaults to `False`):
             Drop prompt groups whose rewards are all equal (they carry zero advantage) and generate more groups until
-            the batch is full. Surplus groups are carried over to the next step.
+            the batch is full. Surplus groups are carried over to the next step. Each group keeps the advantages of the
+            round that generated it: with `scale_rewards: batch` that is its round's std, dropped groups included,
+            not the trained batch's (a warning says so; `group` has no such mix).
         dynamic_sampling_metric (`str`, defaults to `"reward"`):
             What must vary within a group for it to be kept: `reward` (the weighted total) or the name of one reward
             function (for example `gsm8k_correctness`).
@@ -155,6 +161,12 @@ class HfGRPOConfig(GRPOConfig):
         super().__post_init__()
         if self.max_generation_batches < 1:
             raise ValueError(f"max_generation_batches must be >= 1, got {self.max_generation_batches}")
+        if self.dynamic_sampling and self.scale_rewards == "batch":
+            logger.warning(
+                "dynamic_sampling with scale_rewards 'batch': each kept group's advantages are divided by the reward "
+                "std of the round that generated it (its dropped groups included), not of the trained batch; "
+                "scale_rewards 'group' (or 'none') has no such mix"
+            )
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
                 f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}"

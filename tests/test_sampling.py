@@ -11,6 +11,8 @@ from hf_grpo import sampling
 from hf_grpo.sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
 from hf_grpo.trainer import leave_one_out_advantages
 
+from .helpers.common import tiny_config
+
 
 NAN = float("nan")
 
@@ -201,3 +203,11 @@ def test_trimmed_pools_stay_within_one_step_on_sixteen_processes():
                     largest_untrimmed = max(largest_untrimmed, len(pool))
     assert largest_pool <= needed and longest_wait <= 1
     assert largest_untrimmed > 10 * needed  # what the trim prevents
+
+
+@pytest.mark.parametrize(("scale", "warned"), [("batch", True), ("group", False), ("none", False)])
+def test_batch_scaled_rewards_with_dynamic_sampling_say_which_std_scales_a_kept_group(tmp_path, caplog, scale, warned):
+    """Issue 31 (suspicion, confirmed): a kept group's advantages come from its own round; under ``scale_rewards:
+    batch`` that round's std includes the groups dynamic sampling dropped. Said at configuration time."""
+    tiny_config(tmp_path, dynamic_sampling=True, scale_rewards=scale)
+    assert ("scale_rewards 'batch': each kept group's advantages" in caplog.text) is warned
