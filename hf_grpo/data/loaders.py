@@ -401,8 +401,8 @@ def _with_columns(raw: Dataset, spec: dict, where: str) -> dict:
 
 def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
     """``raw`` with its prompts checked (``check_prompts``) and blank ones dropped, rows named by their place in
-    ``raw``: called on a file as read, before any split or shuffle, a row number is the file's."""
-    spec = _with_columns(raw, spec, where)
+    ``raw``: called on a file as read, before any split or shuffle, a row number is the file's. ``spec``'s columns
+    are resolved (``_with_columns``)."""
     check_prompts(raw, spec["prompt_column"], where, spec["name"])
     return _drop_blank_prompts(raw, spec["prompt_column"], where, spec["name"])
 
@@ -456,7 +456,7 @@ def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dat
         raise ValueError(f"task must be one of {TASKS}, got {task!r}; set task in the recipe")
     train, test = _raw_splits(args, seed)
     if test is None and args.eval_split_size > 0:  # rows named by the file's order, not the shuffled split's
-        train = _checked_prompts(train, args.resolved(), "train")
+        train = _checked_prompts(train, _with_columns(train, args.resolved(), "train"), "train")
         parts = train.train_test_split(test_size=args.eval_split_size, seed=seed)
         train, test = parts["train"], parts["test"]
     train = _to_grpo(train, args, args.resolved(), "train")
