@@ -23,9 +23,12 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import textwrap
 from pathlib import Path
+
+import torch.distributed
 
 from . import crash_log
 from .generation.server import ServerStartError
@@ -169,7 +172,25 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         return disk_full(recipe, passthrough, exc)
+    except RuntimeError as exc:
+        if not peer_lost(exc):
+            raise
+        crash_log.write(recipe.training.output_dir, exc)  # the peer's own error (if it could print one) says why
+        return 1
+    finally:  # the outcome is decided: a stop signal while exiting (the launch stopping the others) just ends it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     return 0
+
+
+PEER_GONE = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe", re.IGNORECASE)
+
+
+def peer_lost(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is a collective failing because another training process of this run ended (gloo's
+    "Connection closed by peer", NCCL's DistBackendError): that process's error is the one to show, not this echo."""
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return several and (isinstance(exc, torch.distributed.DistError) or bool(PEER_GONE.search(str(exc))))
 
 
 def first_rank() -> bool:

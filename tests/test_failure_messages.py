@@ -165,3 +165,38 @@ def test_a_frozen_server_is_continued_so_that_it_ends_by_sigterm_not_after_the_g
     os.killpg(server.process.pid, signal.SIGSTOP)
     server.stop(grace_s=120)
     assert server.process.returncode == 3
+
+
+@pytest.mark.distributed
+@pytest.mark.subprocess
+@pytest.mark.slow  # a 2-process launch (it ends at its first step)
+def test_an_error_on_one_rank_ends_every_rank_with_its_one_line(tmp_path):
+    """Issue 31 (suspicion): one process failing (here its reward breaks the contract on rank 1 only) while the other
+    waits in the next collective. The other is not left blocked: accelerate's agent stops it, the failing rank's
+    error is the one `hf_grpo: error:` line, the launcher's summary points at it, and nothing is left running."""
+    mark = f"one-rank-{os.getpid()}-{time.monotonic_ns()}"
+    out = tmp_path / "run"
+    args = [
+        *COMMON, "--output_dir", str(out), "--num_processes", "2", "--accelerate_config", "cpu",
+        "--eval_before_after", "false", "--max_steps", "3",
+        "--reward_funcs", "[tests.helpers.reward_plugins:one_too_many_on_rank_1]",
+    ]  # fmt: skip
+    try:
+        # bounded by the run itself: without the agent stopping rank 0 this would wait in gloo's collective (30 min)
+        result = subprocess.run(
+            [sys.executable, "-m", "hf_grpo.train", *args], check=False, cwd=REPO, capture_output=True, text=True,
+            timeout=600,
+            env={**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
+    finally:
+        kill_marked(mark)
+    stderr = result.stderr
+    assert result.returncode not in (0, None), stderr[-3000:]
+    # the reward's own traceback is shown once (where the user's function broke); the waiting rank's echo is not
+    assert stderr.count("Traceback (most recent call last)") == 1 and "reward_plugins" not in stderr.split("Traceback")[0]
+    assert "[rank0]" not in stderr and "closed by peer" not in stderr, stderr[-4000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(errors) == 1 and "one_too_many_on_rank_1" in errors[0], stderr[-4000:]
+    summary = [line for line in stderr.splitlines() if line.startswith("hf_grpo: training stopped with exit code")]
+    assert len(summary) == 1 and "resume with:" in summary[0], stderr[-4000:]

@@ -212,3 +212,8 @@ def as_dict(completions, **kwargs) -> dict:
 def one_too_many(completions, **kwargs) -> list[float]:
     """One reward more than there are completions."""
     return [*as_list(completions), 0.0]
+
+
+def one_too_many_on_rank_1(completions, **kwargs) -> list[float]:
+    """Right on every training process but rank 1 (``RANK`` of ``accelerate launch``), where it breaks the contract."""
+    return one_too_many(completions) if os.environ.get("RANK") == "1" else as_list(completions)
