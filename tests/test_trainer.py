@@ -4,6 +4,7 @@ baseline, metrics, and exact resume."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -144,14 +145,64 @@ def test_dynamic_sampling_trains_only_on_groups_with_signal(tiny, tmp_path):
     assert all(g >= 1.0 for g in logged(trainer, "dynamic_sampling/generated_per_trained"))
 
 
+def rows(prompt_ids, prompt_mask, completion_ids, completion_mask) -> list[tuple]:
+    """Each row's unpadded prompt and completion tokens: how a group is recognised in a later, re-padded batch."""
+    return [
+        (tuple(p[pm.bool()].tolist()), tuple(c[cm.bool()].tolist()))
+        for p, pm, c, cm in zip(prompt_ids, prompt_mask, completion_ids, completion_mask, strict=True)
+    ]
+
+
+@torch.no_grad()
+def policy_logps(trainer, params: dict, batch: dict) -> torch.Tensor:
+    """Per-token log-probabilities of ``batch``'s completions under the adapter ``params`` (our own forward pass)."""
+    model = trainer.model
+    for name, p in model.named_parameters():
+        if name in params:
+            p.copy_(params[name])
+    model.eval()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # [B, P+C]
+    width = batch["completion_ids"].size(1)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1] / trainer.temperature  # [B, C, V]
+    return logits.log_softmax(-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)  # [B, C]
+
+
 def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
+    """A group carried to the next step is trained with the log-probs of the policy that generated it (pi_old of
+    the previous step), the fresh groups beside it with the current policy's: recomputed here by our own forward pass
+    under each step's saved adapter."""
     trainer = make_trainer(tiny, tmp_path, reward=reward_scripts.half_varying, dynamic_sampling=True, max_steps=3)
-    batches = capture_batches(trainer)
+    seen, original = [], trainer._dynamic_batch  # (adapter when assembled, batch, rows carried out of the step)
+
+    def spy(inputs):
+        params = trainable(trainer)
+        batch = original(inputs)
+        carry = set()
+        for g in trainer._pool.groups:
+            carry |= set(rows(g["prompt_ids"], g["prompt_mask"], g["completion_ids"], g["completion_mask"]))
+        seen.append((params, {k: v.detach().clone() for k, v in batch.items() if torch.is_tensor(v)}, carry))
+        return batch
+
+    trainer._dynamic_batch = spy
     trainer.train()
-    with_carry = [b for b in batches if "old_per_token_logps" in b]
-    assert with_carry, "no batch mixed carried and fresh groups"
-    for batch in with_carry:
-        assert batch["old_per_token_logps"].shape == batch["completion_ids"].shape
+    checked = 0
+    for (old_params, _, carried), (params, batch, _) in itertools.pairwise(seen):
+        if "old_per_token_logps" not in batch:
+            continue
+        keys = rows(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
+        is_carried = torch.tensor([k in carried for k in keys])  # [B]
+        assert is_carried.any() and not is_carried.all(), "the batch should mix carried and fresh groups"
+        mask = batch["completion_mask"].bool()  # [B, C]
+        stored = batch["old_per_token_logps"]  # [B, C]
+        generating, current = policy_logps(trainer, old_params, batch), policy_logps(trainer, params, batch)
+        for row in range(stored.size(0)):
+            expected = generating[row] if is_carried[row] else current[row]
+            torch.testing.assert_close(stored[row][mask[row]], expected[mask[row]], atol=1e-4, rtol=1e-4)
+        moved = (generating - current)[is_carried.unsqueeze(1) & mask].abs().max()
+        assert moved > 1e-3, "the policy did not move between the steps: the check could not tell them apart"
+        checked += 1
+    assert checked, "no batch mixed carried and fresh groups"
 
 
 @pytest.mark.parametrize("reward", [reward_scripts.always_zero, reward_scripts.always_one], ids=["all0", "all1"])
