@@ -461,7 +461,18 @@ def test_a_real_model_without_a_recipe_asks_for_one(capsys):
 @pytest.mark.parametrize(
     ("argv", "adapted"),
     [
-        (["recipes/qwen7b-lora-dedicated.yaml", "--model_name_or_path", "tiny", *TINY_SIZES], 14),  # all-linear
+        # (a server of your own: a server started for the in-process tiny model is refused)
+        (
+            [
+                "recipes/qwen7b-lora-dedicated.yaml",
+                "--model_name_or_path",
+                "tiny",
+                "--generation.base_url",
+                "http://127.0.0.1:8000",
+                *TINY_SIZES,
+            ],
+            14,
+        ),
         ([TINY, "--lora_target_modules", "q_proj"], 2),
         ([TINY, "--lora_target_modules", "q_proj", "v_proj"], 4),
     ],

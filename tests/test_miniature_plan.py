@@ -94,6 +94,24 @@ def test_gpu_only_settings_are_mapped_and_printed(tmp_path, capsys):
         assert line in out, line
 
 
+def test_the_tiny_model_behind_a_server_is_refused_and_its_miniature_gets_a_model_folder(capsys):
+    """Issue 31: `--miniature` of the tiny recipe with a vLLM server passed --dry-run, then the stand-in server was
+    handed the name `tiny` and went to the Hub. Without --miniature the recipe is refused (no folder for a server);
+    with it the miniature swaps in a Qwen2 model folder that both the server and the trainer load."""
+    argv = ["recipes/tiny.yaml", "--generation.backend", "vllm_server"]
+    with pytest.raises(
+        RecipeError, match=r"model_name_or_path: tiny .* generation.backend: transformers, or add --miniature"
+    ):
+        load_recipe(argv, for_run=False)
+    recipe, _ = load_recipe([*argv, "--miniature"], for_run=False)
+    swapped = {s.key: s for s in recipe.miniature.swaps}["model_name_or_path"]
+    assert swapped.before == "tiny" and "qwen2" in swapped.after and "the embedded tiny model" in swapped.why
+    assert main([*argv, "--miniature", "--dry-run"]) == 0
+    assert "hf_grpo.vllm_standin " + swapped.after in capsys.readouterr().out  # the server loads that folder
+    plain, _ = load_recipe(["recipes/tiny.yaml", "--miniature"], for_run=False)  # in-process: still built there
+    assert plain.model.model_name_or_path == "tiny"
+
+
 def test_a_trl_server_without_a_generation_section_is_refused(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("use_vllm: true\nvllm_mode: server\n")

@@ -125,7 +125,8 @@ def miniaturize(
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
             swap(category, key, limit, why)
 
-    _swap_model_and_data(data, reward_funcs, current, swap, mini)
+    server = generation.get("backend") == "vllm_server" and not generation.get("base_url")
+    _swap_model_and_data(data, reward_funcs, current, swap, mini, server)
     processes = _swap_processes(current, swap, mini)
     _swap_sizes(current, swap, at_most, processes)
     _swap_hardware(current, swap, mini)
@@ -146,9 +147,11 @@ def miniaturize(
     return values, generation, mini
 
 
-def _swap_model_and_data(data: DataArguments, rewards: list[str], current, swap, mini: Miniature) -> None:
+def _swap_model_and_data(
+    data: DataArguments, rewards: list[str], current, swap, mini: Miniature, server: bool
+) -> None:
     model = current("model_name_or_path")
-    if model == "tiny":  # already built locally (recipes/tiny.yaml): only its sizes shrink
+    if model == "tiny" and not server:  # already built locally (recipes/tiny.yaml): only its sizes shrink
         at = current("warm_start_steps")
         if at > TINY_WARM_START_STEPS:
             swap("sizes", "warm_start_steps", TINY_WARM_START_STEPS)
@@ -165,7 +168,8 @@ def _swap_model_and_data(data: DataArguments, rewards: list[str], current, swap,
         columns = [spec[key] or TRL_COLUMNS[key] for key in ("prompt_column", "solution_column")]  # as the loader
         splits.append(SplitSpec(role, spec["name"], split, *columns, spec["task"]))
     task = data.resolved()["task"] or "gsm8k"
-    family, source = architecture_family(model)
+    # the embedded tiny model is a Qwen2; a server needs it in a folder, which the assets below are
+    family, source = ("qwen2", "the embedded tiny model") if model == "tiny" else architecture_family(model)
     style = answer_style([reward_name(r) for r in rewards], task, data.prompt_style)
     mini.assets = AssetSpec(
         family=family,

@@ -288,6 +288,12 @@ def check_generation_section(generation: GenerationArguments, model: ModelArgume
                 f"lora_modules_to_save: {model.lora_modules_to_save}: vLLM loads adapters only with "
                 "modules_to_save None; remove it, or use generation.weight_sync: full"
             )
+    if generation.starts_server() and model.model_name_or_path == "tiny":
+        problems.append(
+            "model_name_or_path: tiny is built inside the training process, and a vLLM server started for it has no "
+            "folder to load; use generation.backend: transformers, or add --miniature (it saves a tiny model the "
+            "server can load)"
+        )
     if generation.overlap and values.get("vllm_importance_sampling_correction", True) is False:
         problems.append(
             "generation.overlap trains on batches an older policy generated, which TRL's vLLM importance-sampling "
