@@ -1,7 +1,7 @@
 """The notebooks in notebooks/ run top to bottom (tiny model, CPU, no network) and produce what they promise.
 
-Each notebook is executed with nbclient in a fresh temporary directory (its working directory), with its shipped
-parameters; every file it writes lands in its OUTPUT_DIR, none beside it or in the repository. The kernel is this interpreter: a temporary ``python3``
+Each notebook is executed with nbclient in a fresh temporary directory (its working directory), its code as shipped;
+CI's shorter run lengths go in a cell after its ``parameters`` cell, as papermill injects them; every file it writes lands in its OUTPUT_DIR, none beside it or in the repository. The kernel is this interpreter: a temporary ``python3``
 kernelspec whose argv is ``sys.executable`` is put first on ``JUPYTER_PATH``, so neither a user-level kernelspec
 pointing at another Python nor the current working directory changes what runs.
 """
@@ -66,8 +66,10 @@ def parameters(nb) -> dict:
     }
 
 
-def execute(name: str, workdir: Path, kernel_name: str):
+def execute(name: str, workdir: Path, kernel_name: str, overrides: dict):
     """Run a shipped notebook in ``workdir``; returns the executed notebook and its parameters.
+
+    ``overrides`` (shorter runs for CI) go in a new cell right after the ``parameters`` cell, as papermill does.
 
     What the notebook writes is in its ``OUTPUT_DIR`` only: nothing else appears in ``workdir`` (the folder it runs
     from), in the repository's root or next to the notebook.
@@ -77,6 +79,14 @@ def execute(name: str, workdir: Path, kernel_name: str):
         f"{name} is saved with outputs; clear them before committing"
     )
     params = parameters(nb)
+    assert set(overrides) <= set(params), f"not parameters of {name}: {sorted(set(overrides) - set(params))}"
+    injected = "# injected by tests/test_notebooks.py, as papermill does\n" + "".join(
+        f"{key} = {value!r}\n" for key, value in overrides.items()
+    )
+    nb.cells.insert(
+        nb.cells.index(next(c for c in nb.cells if c.cell_type == "code")) + 1, nbformat.v4.new_code_cell(injected)
+    )
+    params.update(overrides)
     around = {folder: set(os.listdir(folder)) for folder in (REPO, NOTEBOOKS)}
     client = NotebookClient(
         nb,
@@ -137,7 +147,7 @@ def plots_shown(nb) -> bool:
 @pytest.mark.notebook
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_quickstart(tmp_path, kernel):
-    nb, params = execute("quickstart.ipynb", tmp_path, kernel)
+    nb, params = execute("quickstart.ipynb", tmp_path, kernel, {"MAX_STEPS": 6, "EVAL_SIZE": 48})
     out = tmp_path / params["OUTPUT_DIR"]
 
     results = json.loads((out / "eval_results.json").read_text())
@@ -175,7 +185,7 @@ def test_quickstart(tmp_path, kernel):
 @pytest.mark.notebook
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_custom_reward(tmp_path, kernel):
-    nb, params = execute("custom_reward.ipynb", tmp_path, kernel)
+    nb, params = execute("custom_reward.ipynb", tmp_path, kernel, {"MAX_STEPS": 10, "EVAL_SIZE": 24})
     out = tmp_path / params["OUTPUT_DIR"]
 
     assert (out / "rewards" / "my_rewards.py").is_file(), "the notebook writes its rewards into its output folder"
