@@ -25,6 +25,7 @@ LAYERS = [
         "evaluation.stats",
         "evaluation.history",
         "sampling",
+        "selection",
         "advantages",
         "checkpoints",
         "hardware",
