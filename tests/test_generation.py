@@ -462,6 +462,8 @@ def test_launcher_finds_programs_beside_python_or_names_the_missing_one(monkeypa
         resolve_program(["vllm", "serve", "Qwen/Qwen2.5-Math-1.5B"])
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow  # ~40 s, the slowest of tier 1: a whole launch (server, training, stop)
 def test_launcher_starts_the_server_trains_and_stops_it(policy_dir, tmp_path):
     port, out = free_port(), tmp_path / "launched"
     result = run_train(
