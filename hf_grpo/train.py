@@ -177,9 +177,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             raise
         crash_log.write(recipe.training.output_dir, exc)  # the peer's own error (if it could print one) says why
         return 1
-    finally:  # the outcome is decided: a stop signal while exiting (the launch stopping the others) just ends it
+    finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
     return 0
 
 
