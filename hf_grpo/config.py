@@ -80,6 +80,15 @@ class HfGRPOConfig(GRPOConfig):
             What to do when the rounds run out before the batch is full: `fill` completes the batch with dropped
             groups masked out of the loss (no policy or KL gradient, no tokens in the loss normaliser) and logs
             `dynamic_sampling/exhausted`; `error` stops the run.
+        prompt_selection (`bool`, defaults to `False`):
+            With dynamic sampling: skip, before generating it, a prompt whose recent groups all had equal rewards, with
+            a probability that rises with how many times in a row that happened and never reaches 1 (GRESO,
+            https://huggingface.co/papers/2506.02177; `hf_grpo/selection.py`). Every process decides the same; the
+            history is saved in checkpoints. Logged as `selection/*`.
+        prompt_selection_target (`float`, defaults to `0.75`):
+            The share of generated groups dynamic sampling should keep: selection skips more while a step keeps
+            less than this, and less while it keeps more (GRESO's default: 25% of groups without signal). 0.75 is
+            4 generated per 3 trained.
 
         > Advantages
 
@@ -122,6 +131,13 @@ class HfGRPOConfig(GRPOConfig):
             "help": "When rounds run out: `fill` with dropped groups masked out of the loss, or `error`.",
             "choices": EXHAUSTED_POLICIES,
         },
+    )
+    prompt_selection: bool = field(
+        default=False,
+        metadata={"help": "Skip prompts whose recent groups had all-equal rewards (needs dynamic_sampling)."},
+    )
+    prompt_selection_target: float = field(
+        default=0.75, metadata={"help": "Share of generated groups to keep that prompt selection adapts toward."}
     )
     advantage_estimator: str = field(
         default="grpo",
@@ -167,6 +183,10 @@ class HfGRPOConfig(GRPOConfig):
                 "std of the round that generated it (its dropped groups included), not of the trained batch; "
                 "scale_rewards 'group' (or 'none') has no such mix"
             )
+        if self.prompt_selection and not self.dynamic_sampling:
+            raise ValueError("prompt_selection needs dynamic_sampling: true (it learns from the groups it drops)")
+        if not 0 < self.prompt_selection_target <= 1:
+            raise ValueError(f"prompt_selection_target must be in (0, 1], got {self.prompt_selection_target}")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
                 f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage_estimator!r}"

@@ -247,7 +247,7 @@ def build_trainer(recipe: Recipe):
         peft_config=get_peft_config(recipe.model),
         callbacks=[history],
     )
-    trainer.max_unscored_calls = recipe.rewards.reward_max_failed_calls
+    trainer.reward_health.max_unscored_calls = recipe.rewards.reward_max_failed_calls
     state = trainer.accelerator.state
     logger.info(
         "training on %d process(es), %s, device %s", state.num_processes, state.distributed_type.value, state.device

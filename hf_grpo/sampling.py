@@ -189,11 +189,14 @@ class PromptStream:
         return {"epoch": self.epoch, "cursor": self.cursor}
 
 
-def save_state(folder: str, rank: int, stream: PromptStream, pool: GroupPool, keep_digest: str) -> None:
+def save_state(
+    folder: str, rank: int, stream: PromptStream, pool: GroupPool, keep_digest: str, selection: dict | None = None
+) -> None:
     """Write process ``rank``'s sampling state into checkpoint ``folder``: the stream position, the carried groups'
-    count and the digest of every keep decision (``STATE_FILE``), and the carried groups (``POOL_FILE``)."""
+    count, the digest of every keep decision and prompt selection's history (``STATE_FILE``), and the carried groups
+    (``POOL_FILE``)."""
     os.makedirs(folder, exist_ok=True)
-    state = {"stream": stream.state(), "pool_groups": len(pool), "keep_digest": keep_digest}
+    state = {"stream": stream.state(), "pool_groups": len(pool), "keep_digest": keep_digest, "selection": selection}
     with open(os.path.join(folder, STATE_FILE.format(rank=rank)), "w") as f:
         json.dump(state, f)
     save_file(pool.state_tensors(), os.path.join(folder, POOL_FILE.format(rank=rank)))
@@ -217,3 +220,16 @@ def load_state(checkpoint: str, rank: int, stream: PromptStream, device, overlap
         for group in pool.groups:
             group.pop("policy_version", None)
     return pool
+
+
+def load_selection(checkpoint: str, rank: int) -> dict:
+    """Prompt selection's history as ``save_state`` wrote it into ``checkpoint`` (``selection.PromptHistory``)."""
+    path = os.path.join(checkpoint, STATE_FILE.format(rank=rank))
+    with open(path) as f:
+        selection = json.load(f).get("selection")
+    if selection is None:
+        raise ValueError(
+            f"{path} holds no prompt-selection history: the checkpoint was written with prompt_selection off; resume "
+            "with prompt_selection: false, or start a new run"
+        )
+    return selection

@@ -27,8 +27,9 @@ from .config import hf_config
 from .eta import EtaCallback
 from .generation.overlap import Lookahead
 from .progress import DeferredBar, enabled_for
-from .rewards.wrapper import DEFAULT_MAX_FAILED_CALLS, RewardFailedError
+from .rewards.health import RewardHealth
 from .sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
+from .selection import PromptHistory, Selector
 
 
 __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
@@ -36,7 +37,6 @@ __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
 
 logger = logging.getLogger(__name__)
 
-ZERO_REWARD_PATIENCE = 20  # generation batches of all-zero rewards before a loud warning
 ROW_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")  # TRL's losses whose normaliser counts rows (_compute_loss)
 
 
@@ -72,10 +72,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         streamed = self.args.dynamic_sampling or overlap
         self._stream = PromptStream(len(self.train_dataset), self.args.seed) if streamed else None
         self._ahead = self._lookahead() if overlap else None
+        self._selector = self._prompt_selector() if self.args.prompt_selection else None
         self._keep_digest = hashlib.sha256()  # every global keep decision, hashed: tests compare it across ranks
-        self._zero_reward_batches = 0
-        self._unscored_calls = 0  # consecutive scoring calls in which no completion got a reward
-        self.max_unscored_calls = DEFAULT_MAX_FAILED_CALLS  # then RewardFailedError; train.py sets the recipe's
+        self.reward_health = RewardHealth(self.reward_func_names)
         self._warned_infinite: set[str] = set()
         self.last_task_eval: tuple[int, float] | None = None  # (step, held-out accuracy), set by the task evaluator
 
@@ -107,6 +106,16 @@ class GRPOTrainer(trl.GRPOTrainer):
         cycle_steps = generate_every // args.gradient_accumulation_steps
         shape = (self.generator.max_staleness, cycle_steps, self.num_generations, args.gradient_accumulation_steps)
         return Lookahead(self.generator, *shape)
+
+    def _prompt_selector(self) -> Selector:
+        """Prompt selection by reward history (``prompt_selection``): selection.py."""
+        device = self.accelerator.device
+
+        def gather(values: list[int]) -> list[int]:  # every process's values, in process order
+            return self.accelerator.gather(torch.tensor(values, dtype=torch.int64, device=device)).tolist()
+
+        history = PromptHistory(target_kept=self.args.prompt_selection_target, seed=self.args.seed)
+        return Selector(history, self.train_dataset, self.num_generations, gather)
 
     def _check_dynamic_sampling(self) -> None:
         args = self.args
@@ -255,7 +264,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         rank = self.accelerator.process_index
         if self._stream is not None:
             digest = self._keep_digest.hexdigest()
-            sampling.save_state(self._checkpoint_dir(trial), rank, self._stream, self._pool, digest)
+            selection = self._selector.history.state_dict() if self._selector is not None else None
+            sampling.save_state(self._checkpoint_dir(trial), rank, self._stream, self._pool, digest, selection)
         if self._ahead is not None:  # waits for the rounds in flight
             self._ahead.save(self._checkpoint_dir(trial), rank)
         # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
@@ -304,37 +314,11 @@ class GRPOTrainer(trl.GRPOTrainer):
             self.record_metric("reward/min", finite.min().item(), mode)
             self.record_metric("reward/max", finite.max().item(), mode)
         if mode == "train":
-            self._check_reward_health(finite, total.numel())
+            self.reward_health.check(finite, total.numel(), self.state.global_step)
         if mode == "train" and self._ahead is not None:  # [B]: the adapter version that generated each row
             rows = output["advantages"].size(0)
             output["policy_version"] = torch.full((rows,), self._ahead.last_version, device=self.accelerator.device)
         return output
-
-    def _check_reward_health(self, finite: torch.Tensor, total: int) -> None:
-        """Warn loudly when no completion could be scored, or when rewards have been all zero for a long time."""
-        self._unscored_calls = self._unscored_calls + 1 if finite.numel() == 0 else 0
-        if finite.numel() == 0:
-            logger.error(
-                "REWARDS: every reward function returned None for all %d completions of this batch (step %d): the "
-                "rewards are broken or timing out (see rewards/*/timeouts and rewards/*/errors)",
-                total,
-                self.state.global_step,
-            )
-        if self._unscored_calls >= self.max_unscored_calls:
-            raise RewardFailedError(
-                f"no completion got a reward in {self._unscored_calls} consecutive batches (step "
-                f"{self.state.global_step}; reward_max_failed_calls: {self.max_unscored_calls}): every reward function "
-                f"({', '.join(self.reward_func_names)}) returned None or ±inf for all of them; check that they can "
-                "score this model's output and the dataset's gold column"
-            )
-        self._zero_reward_batches = self._zero_reward_batches + 1 if finite.numel() == 0 or not finite.any() else 0
-        if self._zero_reward_batches == ZERO_REWARD_PATIENCE:
-            logger.warning(
-                "REWARDS: all rewards have been 0 (or None) for %d batches in a row (step %d): check that the reward "
-                "functions can score this model's output format (grade/unparseable) and the gold column",
-                ZERO_REWARD_PATIENCE,
-                self.state.global_step,
-            )
 
     def _log_advantages(self, advantages: torch.Tensor, mode: str = "train") -> None:
         gathered = self.accelerator.gather(advantages)  # [B*G global]
@@ -350,7 +334,11 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _next_round_inputs(self, groups: int, index: int) -> list[dict]:
         """Further round ``index``: this process's share of the stream's next prompts, each num_generations times."""
-        indices = self._stream.next(groups * self.accelerator.num_processes)
+        total, step = groups * self.accelerator.num_processes, self.state.global_step + 1
+        if self._selector is None:
+            indices = self._stream.next(total)
+        else:  # past the prompts the reward history skips
+            indices = self._selector.draw(self._stream, total, step, index)
         mine = indices[self.accelerator.process_index * groups : (self.accelerator.process_index + 1) * groups]
         rows = [self.train_dataset[i] for i in mine]
         if self._ahead is not None:  # overlapped: drawn as a synchronous run draws them, generated now (lag 0)
@@ -402,6 +390,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         dropped: list = []
         rounds, generated_groups, kept_groups = 0, 0, 0
         max_rounds, step = self.args.max_generation_batches, self.state.global_step + 1
+        if self._selector is not None and self._ahead is None:  # overlap sent round 1 before it was known
+            inputs = self._selector.first_round(inputs, self._stream, step, self.accelerator.process_index)
         # Extra rounds get a bar (main process, a terminal or a notebook, not with disable_tqdm) of the groups ready
         # for this process's batch; the usual single round draws nothing. Every round is logged at DEBUG.
         desc = f"step {step}: dynamic sampling"
@@ -410,7 +400,10 @@ class GRPOTrainer(trl.GRPOTrainer):
                 rounds += 1
                 output = self._score(inputs, mode="train")
                 groups = split_groups(output, num_gen, token_keys)
-                keep_global = keep_mask(self._filter_values(), num_gen).cpu()  # [groups, all processes]
+                values = self._filter_values()  # [B*G global]
+                keep_global = keep_mask(values, num_gen).cpu()  # [groups, all processes]
+                if self._selector is not None:
+                    self._selector.record_round(inputs, keep_global, values, step)
                 self._keep_digest.update(bytes(keep_global.to(torch.uint8).tolist()))
                 per_process = keep_global.view(self.accelerator.num_processes, -1)  # [P, groups per process]
                 keep_local = per_process[self.accelerator.process_index].tolist()
@@ -420,16 +413,8 @@ class GRPOTrainer(trl.GRPOTrainer):
                 kept_groups += int(keep_global.sum())
                 pool_sizes = self.accelerator.gather(torch.tensor([len(self._pool)], device=self.accelerator.device))
                 ready = min(int(pool_sizes.min()), needed)
-                logger.debug(
-                    "dynamic sampling, step %d round %d/%d: %d/%d groups kept, %d/%d ready",
-                    step,
-                    rounds,
-                    max_rounds,
-                    int(keep_global.sum()),
-                    keep_global.numel(),
-                    ready,
-                    needed,
-                )
+                kept_now = f"{int(keep_global.sum())}/{keep_global.numel()} groups kept, {ready}/{needed} ready"
+                logger.debug("dynamic sampling, step %d round %d/%d: %s", step, rounds, max_rounds, kept_now)
                 if ready >= needed or rounds >= max_rounds:
                     break
                 bar.show(ready, f"round {rounds + 1}/{max_rounds}, {kept_groups}/{generated_groups} groups kept")
@@ -464,6 +449,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         self.record_metric("dynamic_sampling/carry_out", len(self._pool))
         self.record_metric("dynamic_sampling/surplus_dropped", surplus)
         self.record_metric("dynamic_sampling/exhausted", float(exhausted > 0))
+        for name, value in self._selector.end_step(kept_groups / generated_groups).items() if self._selector else ():
+            self.record_metric(name, value)
         return batch
 
     def _check_exhausted(self, filled: int, needed: int, kept_fraction: float) -> int:
@@ -494,6 +481,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             return
         rank, device = self.accelerator.process_index, self.accelerator.device
         self._pool = sampling.load_state(checkpoint, rank, self._stream, device, overlap=self._ahead is not None)
+        if self._selector is not None:
+            self._selector.history.load_state_dict(sampling.load_selection(checkpoint, rank))
         if self._ahead is not None:
             self._ahead.load(checkpoint, rank)
         state = self._stream.state()

@@ -15,9 +15,11 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need the dev extra (pip install -e '.[dev]')")
+NotebookClient = pytest.importorskip("nbclient", reason="the notebook tests need the dev extra").NotebookClient
 
 
 REPO = Path(__file__).resolve().parents[1]

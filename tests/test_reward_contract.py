@@ -210,8 +210,8 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     assert rewards[:, 0].tolist() == [2.0, 0.0, 2.0, 0.0] * len(PROBLEMS)
     texts = [r["prompt"] + c for r, c in zip(rows, completions, strict=True)]
     batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
-    with torch.inference_mode():
-        expected = scorer(**batch).logits[:, 0]
+    with torch.inference_mode():  # the trainer placed the scorer on its device (a GPU where there is one)
+        expected = scorer(**batch.to(scorer.device)).logits[:, 0].to(rewards.device)
     torch.testing.assert_close(rewards[:, 1], expected)
     assert rewards[:, 2].tolist() == [1.0] * len(rows)
 

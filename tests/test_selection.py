@@ -12,31 +12,31 @@ from hf_grpo.selection import PromptHistory, prompt_key
 
 def test_the_skip_probability_rises_with_the_streak_and_never_reaches_one():
     history = PromptHistory(explore_start=0.5, max_skip=0.95)
-    assert history.skip_probability("new") == 0.0  # never generated: always generated now
+    assert history.skip_probability(7) == 0.0  # never generated: always generated now
     seen = []
     for step in range(1, 8):
-        history.record("p", [0.0] * 8, step)  # all wrong, again and again
-        seen.append(history.skip_probability("p"))
+        history.record(1, signal=False, value=0.0, step=step)  # all wrong, again and again
+        seen.append(history.skip_probability(1))
     assert seen[:3] == [0.5, 0.75, 0.875]  # 1 - 0.5 ** streak
     assert all(a <= b for a, b in itertools.pairwise(seen)) and max(seen) == 0.95  # capped: it comes back
 
 
 def test_a_group_with_a_signal_ends_the_streak_and_the_kind_follows_the_last_group():
     history = PromptHistory()
-    history.record("p", [1.0] * 4, step=1)
-    assert history.records["p"].kind == "solved" and history.records["p"].streak == 1
-    history.record("p", [1.0, 0.0, 1.0, 1.0], step=2)
-    assert history.records["p"].streak == 0 and history.skip_probability("p") == 0.0
-    history.record("p", [0.2] * 4, step=3)  # all equal but not right: nothing learned from it either
-    assert history.records["p"].kind == "failed"
+    history.record(1, signal=False, value=1.0, step=1)
+    assert history.records[1].kind == "solved" and history.records[1].streak == 1
+    history.record(1, signal=True, value=0.0, step=2)
+    assert history.records[1].streak == 0 and history.skip_probability(1) == 0.0
+    history.record(1, signal=False, value=0.0, step=3)  # all wrong: nothing learned from it either
+    assert history.records[1].kind == "failed"
 
 
 def test_every_process_decides_the_same_and_each_step_draws_anew():
     a, b = PromptHistory(seed=3), PromptHistory(seed=3)
-    keys = [f"q{i}" for i in range(400)]
+    keys = list(range(400))
     for history in (a, b):  # the same gathered outcomes on both
-        for i, key in enumerate(keys):
-            history.record(key, [0.0] * 4 if i % 2 else [0.0, 1.0, 0.0, 0.0], step=1)
+        for key in keys:
+            history.record(key, signal=key % 2 == 0, value=0.0, step=1)
     assert a.keep(keys, step=2, round_index=0) == b.keep(keys, step=2, round_index=0)
     assert a.keep(keys, step=2, round_index=0) != a.keep(keys, step=3, round_index=0)
     kept = a.keep(keys, step=2, round_index=0)
@@ -60,11 +60,11 @@ def test_a_resumed_history_decides_exactly_as_the_uninterrupted_one():
     history = PromptHistory(seed=1)
     for step in range(1, 4):
         for i in range(50):
-            history.record(f"q{i}", [float(i % 3 == 0)] * 4, step)
+            history.record(i, signal=i % 5 == 0, value=float(i % 3 == 0), step=step)
         history.adapt(kept_fraction=0.2)
     resumed = PromptHistory(seed=1)
     resumed.load_state_dict(json.loads(json.dumps(history.state_dict())))  # through a checkpoint's JSON
-    keys = [f"q{i}" for i in range(60)]
+    keys = list(range(60))
     assert resumed.keep(keys, step=4, round_index=1) == history.keep(keys, step=4, round_index=1)
     assert resumed.stats() == history.stats()
 

@@ -191,7 +191,7 @@ def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
         if "old_per_token_logps" not in batch:
             continue
         keys = rows(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
-        is_carried = torch.tensor([k in carried for k in keys])  # [B]
+        is_carried = torch.tensor([k in carried for k in keys], device=batch["completion_mask"].device)  # [B]
         assert is_carried.any() and not is_carried.all(), "the batch should mix carried and fresh groups"
         mask = batch["completion_mask"].bool()  # [B, C]
         stored = batch["old_per_token_logps"]  # [B, C]

@@ -296,7 +296,7 @@ def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> 
         is_row_tensor = isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == rows
         batch[key] = torch.cat([value, value[:extra]]) if is_row_tensor else value
     batch["completion_mask"][rows:] = 0
-    batch["filled"] = torch.arange(rows + extra) >= rows
+    batch["filled"] = torch.arange(rows + extra, device=batch["completion_mask"].device) >= rows
     return batch
 
 
@@ -309,7 +309,7 @@ def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type
     trainer.loss_type, trainer.current_gradient_accumulation_steps = loss_type, 1
     trainer.model.train()
     rows = output["advantages"].size(0)  # advantages of one sign: a group-normalised batch's grpo loss is ~0
-    output = {**output, "advantages": torch.linspace(0.5, 1.5, rows)}
+    output = {**output, "advantages": torch.linspace(0.5, 1.5, rows, device=output["advantages"].device)}
     real = trl.GRPOTrainer.compute_loss(trainer, trainer.model, output)
     padded = trainer.compute_loss(trainer.model, with_fill_group(output))
     assert padded.item() == pytest.approx(real.item(), rel=1e-5, abs=1e-7)

@@ -19,6 +19,12 @@ def half_varying(prompts, completions, **kwargs) -> list[float]:
     return [float(i % 2) if _first_number(p) % 2 else 0.0 for i, p in enumerate(prompts)]
 
 
+def third_varying(prompts, completions, **kwargs) -> list[float]:
+    """0/1 alternating for a prompt whose first number is a multiple of 3, else 0 for every sample: about two thirds
+    of the groups carry no signal, whatever the model writes (as in the default run, which keeps about a third)."""
+    return [float(i % 2) if _first_number(p) % 3 == 0 else 0.0 for i, p in enumerate(prompts)]
+
+
 def always_zero(prompts, completions, **kwargs) -> list[float]:
     return [0.0] * len(prompts)
 
