@@ -22,6 +22,7 @@ from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
 from .helpers.common import REPO, tiny_config, tiny_lora
+from .helpers.overlap_run import make_overlap_trainer
 from .helpers.reward_scripts import third_varying
 
 
@@ -120,3 +121,23 @@ def test_a_resumed_run_reaches_the_uninterrupted_runs_parameters_and_history(tmp
         after = len(straight["skipped"]) - len(stopped["skipped"])  # the steps trained after the resume
         assert resumed["skipped"][-after:] == straight["skipped"][-after:]
     assert len({r["resumed"]["history"] for r in reports}) == 1, "the processes hold different histories"
+
+
+@pytest.mark.slow
+def test_overlapped_generation_with_selection_trains_within_the_staleness_bound(policy_dir, tmp_path):
+    """With generation.overlap the first round is sent ahead before it can be selected; the further rounds are
+    selected, and the run trains to the end with the lag bound kept (the stand-in server, tests/helpers)."""
+    with make_overlap_trainer(
+        policy_dir,
+        tmp_path,
+        reward=third_varying,
+        dynamic_sampling=True,
+        max_generation_batches=4,
+        max_steps=6,
+        prompt_selection=True,
+    ) as (trainer, _):
+        trainer.train()
+    assert trainer.state.global_step == 6
+    skipped = [r["selection/skipped"] for r in trainer.state.log_history if "selection/skipped" in r]
+    assert len(skipped) == 6 and trainer._selector.history.records
+    assert all(r.get("async/staleness_max", 0) <= 1 for r in trainer.state.log_history)
