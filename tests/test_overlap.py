@@ -83,6 +83,7 @@ class FakeTrainer:
         self.state = SimpleNamespace(global_step=0)
         self.accelerator = SimpleNamespace(process_index=rank, num_processes=processes)
         self.train_dataset = [{"prompt": f"question {i}"} for i in range(size)]
+        self._selector = None  # prompt selection off (GRPOTrainer._next_round_inputs reads it)
 
     def _tokenize_prompts(self, prompts):
         return ([[int(word) for word in p.split()[1:]] + [7] for p in prompts],)
