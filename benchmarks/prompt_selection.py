@@ -2,6 +2,8 @@
 
     python benchmarks/prompt_selection.py                          # 3 seeds x 5 arms, ~40 min on 2 CPU cores
     python benchmarks/prompt_selection.py --seeds 0 --budget 60    # a quick look
+    python benchmarks/prompt_selection.py --side-by-side            # 15 processes at 1 thread: for 16+ cores
+    python benchmarks/prompt_selection.py --summarize OUT/rows/*.json  # the table again from a run's rows
 
 The settings are recipes/tiny.yaml's (the default run): the tiny model warm-started 300 steps, 4,000 training
 problems, 256 completions a step (128 prompts x 2), LoRA r16, temperature 0.7, dapo loss, max_generation_batches 16.
@@ -24,9 +26,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import trl
@@ -42,11 +48,11 @@ from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
 
-def make_trainer(arm: str, lr: float, model, tokenizer, train, out: str, seed: int):
+def make_trainer(arm: str, lr: float, model, tokenizer, train, out: str, seed: int, generations: int = 2):
     common = dict(
         output_dir=out,
         per_device_train_batch_size=256,
-        num_generations=2,
+        num_generations=generations,
         max_completion_length=16,
         temperature=0.7,
         learning_rate=lr,
@@ -99,7 +105,7 @@ def make_trainer(arm: str, lr: float, model, tokenizer, train, out: str, seed: i
 
 def run_arm(arm, lr, seed, setup, args) -> dict:
     model, tokenizer, train, grade, start_grades, target = setup
-    trainer = make_trainer(arm, lr, model, tokenizer, train, f"{args.out}/{arm}-{lr}-{seed}", seed)
+    trainer = make_trainer(arm, lr, model, tokenizer, train, f"{args.out}/{arm}-{lr}-{seed}", seed, args.generations)
     counts: list[int] = []
 
     def accuracy(m) -> float:
@@ -127,6 +133,12 @@ def run_arm(arm, lr, seed, setup, args) -> dict:
     }
 
 
+ORDER = ("stock", "ds", "ds+sel")  # table order of the arms
+HEADER = (
+    f"{'seed':>4s}  {'arm':<12s} {'steps':>5s} {'gen/trn':>8s}  {'to target: s, generated':>18s}  acc@budget  gain"
+)
+
+
 def fmt(row: dict) -> str:
     f = row["final"]
     reach = (
@@ -140,6 +152,48 @@ def fmt(row: dict) -> str:
     )
 
 
+def arm_list(args) -> list[tuple[str, float]]:
+    """The arms to run, in table order: (``stock``, lr) for each stock rate, then (``ds``, lr) and (``ds+sel``, lr)."""
+    every = [("stock", lr) for lr in args.stock_lrs] + [("ds", args.lr), ("ds+sel", args.lr)]
+    names = {f"stock@{lr:g}" if arm == "stock" else arm: (arm, lr) for arm, lr in every}
+    unknown = sorted(set(args.arms or []) - set(names))
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; choose from {sorted(names)}")
+    return [pair for name, pair in names.items() if not args.arms or name in args.arms]
+
+
+def side_by_side(args) -> list[str]:
+    """Run every (seed, arm) in its own process at 1 thread, all at once (for a machine with that many cores).
+
+    Each process writes its row to ``OUT/rows`` and its output to ``OUT/log-SEED-ARM.txt``; returns the row files.
+    Every process warm-starts the same model (same seed, same thread count), so all share one start and target.
+    """
+    shared = ["--budget", str(args.budget), "--lr", str(args.lr), "--target-gain", str(args.target_gain)]
+    shared += ["--smooth", str(args.smooth), "--eval-every", str(args.eval_every), "--eval-size", str(args.eval_size)]
+    shared += ["--generations", str(args.generations), "--out", args.out, "--threads", "1"]
+    shared += ["--stock-lrs", *map(str, args.stock_lrs)]
+    rows_dir = Path(args.out) / "rows"
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    names = [f"stock@{lr:g}" if arm == "stock" else arm for arm, lr in arm_list(args)]
+    jobs = []
+    for seed in args.seeds:
+        for i, name in enumerate(names):
+            rows = rows_dir / f"{seed}-{i}.json"
+            rows.unlink(missing_ok=True)
+            log = open(Path(args.out) / f"log-{seed}-{i}.txt", "w")  # noqa: SIM115 (closed when the process ends)
+            argv = [sys.executable, __file__, *shared, "--seeds", str(seed), "--arms", name, "--rows-out", str(rows)]
+            jobs.append((rows, log, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)))
+    print(f"{len(jobs)} processes ({len(args.seeds)} seeds x {names}), logs in {args.out}", flush=True)
+    failed = []
+    for rows, log, process in jobs:
+        if process.wait() != 0 or not rows.exists():
+            failed.append(f"{log.name} (exit {process.returncode})")
+        log.close()
+    if failed:
+        raise SystemExit(f"side by side: {len(failed)} runs failed, see " + ", ".join(failed))
+    return [str(rows) for rows, _, _ in jobs]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -150,10 +204,28 @@ def main() -> None:
     parser.add_argument("--smooth", type=int, default=2, help="evaluations averaged for the target")
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-size", type=int, default=500)
+    parser.add_argument("--generations", type=int, default=2, help="num_generations (recipes/tiny.yaml: 2)")
     parser.add_argument("--out", default="/tmp/hf_grpo_bench_selection")
+    parser.add_argument("--arms", nargs="+", help="only these arms (stock@LR, ds, ds+sel); default every arm")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all CPUs)")
+    parser.add_argument("--rows-out", help="also write this process's rows (grades included) to this JSON file")
+    parser.add_argument("--summarize", nargs="+", metavar="ROWS", help="only print the table from --rows-out files")
+    parser.add_argument(
+        "--side-by-side", action="store_true", help="one process per seed and arm at 1 thread each, all at once"
+    )
     args = parser.parse_args()
+    if args.side_by_side:
+        args.summarize = side_by_side(args)
+    if args.summarize:
+        rows = [row for path in args.summarize for row in json.loads(Path(path).read_text())]
+        rows.sort(key=lambda r: (r["seed"], r["order"]))
+        print(f"\n{HEADER}")
+        for row in rows:
+            print(fmt(row))
+        summarize(rows, sorted({r["seed"] for r in rows}))
+        return
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=64)
     warm_start(model, tokenizer, 300, lr=2e-3)
@@ -170,21 +242,23 @@ def main() -> None:
     target = start + args.target_gain
     print(
         f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, trl {trl.__version__}; held-out "
-        f"{len(held_out)} problems, greedy; start accuracy {start:.3f}; target (fixed now) {target:.3f} "
+        f"{len(held_out)} problems, greedy, {args.threads} threads; start accuracy {start:.3f}; target (fixed now) {target:.3f} "
         f"(mean of the last {args.smooth} evaluations); budget {args.budget:.0f} training s per arm",
         flush=True,
     )
     setup = (model, tokenizer, train, grade, start_grades, target)
-    arms = [("stock", lr) for lr in args.stock_lrs] + [("ds", args.lr), ("ds+sel", args.lr)]
+    arms = arm_list(args)
     rows = []
-    print(
-        f"\n{'seed':>4s}  {'arm':<12s} {'steps':>5s} {'gen/trn':>8s}  {'to target: s, generated':>18s}  acc@budget  gain"
-    )
+    print(f"\n{HEADER}")
     for seed in args.seeds:
         for arm, lr in arms:
-            rows.append(run_arm(arm, lr, seed, setup, args))
+            rows.append({**run_arm(arm, lr, seed, setup, args), "order": ORDER.index(arm) + lr})
             print(fmt(rows[-1]), flush=True)
-    summarize(rows, args.seeds)
+            if args.rows_out:
+                with open(args.rows_out, "w") as f:
+                    json.dump(rows, f)
+    if {arm for arm, _ in arms} == set(ORDER):
+        summarize(rows, args.seeds)
 
 
 def summarize(rows: list[dict], seeds: list[int]) -> None:
@@ -204,10 +278,13 @@ def summarize(rows: list[dict], seeds: list[int]) -> None:
             return f"{ta / tb:.2f}x" if ta and tb else "n/a (a target not reached)"
 
         between = paired_gain(ds["grades"], sel["grades"])  # the same problems, at the same training time
+        low = ds["final"]["ci95"][0]
+        where = "inside or above" if sel["final"]["gain"] >= low else "BELOW"
         print(
             f"seed {seed}: time to target ds / ds+sel = {ratio(ds, sel)}; {best['arm']} / ds+sel = {ratio(best, sel)}; "
             f"generated per trained ds {ds['generated_per_trained']:.2f}, ds+sel {sel['generated_per_trained']:.2f}; "
-            f"accuracy at the budget ds+sel - ds {between['gain']:+.3f} [{between['ci95'][0]:+.3f}, "
+            f"gain at the budget ds+sel {sel['final']['gain']:+.3f}, {where} ds's interval [{low:+.3f}, "
+            f"{ds['final']['ci95'][1]:+.3f}]; ds+sel - ds {between['gain']:+.3f} [{between['ci95'][0]:+.3f}, "
             f"{between['ci95'][1]:+.3f}]"
         )
 
