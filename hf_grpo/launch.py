@@ -47,6 +47,14 @@ class LaunchArguments:
             Training processes in total (all machines); overrides the accelerate config's `num_processes`.
         num_machines (`int`, *optional*):
             Machines; overrides the accelerate config's `num_machines`.
+        machine_rank (`int`, *optional*):
+            With several machines: which one this is, 0 (the main node) to `num_machines - 1`. Default: `$NODE_RANK`,
+            else `$SLURM_NODEID`. Each node runs the same command with its own rank.
+        main_process_ip (`str`, *optional*):
+            With several machines: the main node's address, as the other nodes reach it. Default: `$MASTER_ADDR`.
+        main_process_port (`int`, *optional*):
+            With several machines: the port the main node listens on. Default: `$MASTER_PORT`, else the accelerate
+            config's `main_process_port`.
     """
 
     accelerate_config: str | None = field(
@@ -54,6 +62,18 @@ class LaunchArguments:
     )
     num_processes: int | None = field(default=None, metadata={"help": "Training processes in total."})
     num_machines: int | None = field(default=None, metadata={"help": "Number of machines."})
+    machine_rank: int | None = field(
+        default=None, metadata={"help": "This machine's rank, 0 (main) to num_machines - 1; default $NODE_RANK."}
+    )
+    main_process_ip: str | None = field(
+        default=None, metadata={"help": "The main node's address the other nodes reach; default $MASTER_ADDR."}
+    )
+    main_process_port: int | None = field(
+        default=None, metadata={"help": "The main node's port; default $MASTER_PORT, else the accelerate config's."}
+    )
+
+
+NODE_RANK_ENV = ("NODE_RANK", "SLURM_NODEID")  # what torchrun's docs and Slurm set on each node
 
 
 def shipped_dir(name: str) -> Path:
@@ -97,6 +117,13 @@ class Layout:
     zero_stage: int | None = None
     offload_optimizer: str | None = None
     mixed_precision: str | None = None  # the accelerate config's
+    machine_rank: int | None = None  # with several machines: this node (command line, else $NODE_RANK)
+    main_process_ip: str | None = None  # the main node's address (command line, else $MASTER_ADDR)
+    main_process_port: int | None = None  # command line, else $MASTER_PORT, else the config's
+
+    def names_node(self) -> bool:
+        """Whether this node is named: its rank and the main node's address are both known."""
+        return self.machine_rank is not None and self.main_process_ip is not None
 
     @property
     def name(self) -> str | None:
@@ -110,9 +137,12 @@ class Layout:
             if self.offload_optimizer not in (None, "none"):
                 engine += f" (optimizer offload: {self.offload_optimizer})"
         per_machine = self.num_processes // max(self.num_machines, 1)
+        node = ""
+        if self.num_machines > 1 and self.names_node():
+            node = f"; this is machine {self.machine_rank}, the main one at {self.main_process_ip}"
         return (
             f"{self.num_processes} training process(es) on {self.num_machines} machine(s) "
-            f"({per_machine} per machine), {engine}"
+            f"({per_machine} per machine), {engine}{node}"
         )
 
 
@@ -134,7 +164,23 @@ def resolve_layout(args: LaunchArguments, base_dir: Path | None = None) -> Layou
         zero_stage=ds.get("zero_stage"),
         offload_optimizer=ds.get("offload_optimizer_device"),
         mixed_precision=config.get("mixed_precision"),
+        machine_rank=_int_from(args.machine_rank, NODE_RANK_ENV),
+        main_process_ip=args.main_process_ip or os.environ.get("MASTER_ADDR") or None,
+        main_process_port=_int_from(args.main_process_port, ("MASTER_PORT",), config.get("main_process_port")),
     )
+
+
+def _int_from(given: int | None, names: tuple[str, ...], fallback: int | None = None) -> int | None:
+    """``given`` if set, else the first of the environment variables ``names`` that is set, else ``fallback``."""
+    if given is not None:
+        return given
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            if not value.isdigit():
+                raise ValueError(f"${name} is {value!r}, not a whole number: fix it or unset it")
+            return int(value)
+    return fallback
 
 
 def accelerate_command(layout: Layout, recipe_args: list[str], extra: list[str] = ()) -> list[str]:
@@ -226,19 +272,59 @@ def stop_like_ctrl_c() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
-def plan_commands(recipe, argv: list[str]) -> list[Command]:
-    """The processes a recipe runs: the vLLM server (when it starts one) and the training launch.
+MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node's address when none is given
 
-    A miniature (``recipe.miniature``) launches on this machine only: its accelerate flags (``--mixed_precision no``
-    on a CPU), free ports instead of the recipe's, the vLLM stand-in on the training processes' path, and a recipe
-    for several machines becomes one launch per simulated machine (``--machine_rank``), all on 127.0.0.1.
+
+def node_flags(layout: Layout, miniature: bool, every_node: bool) -> list[list[str]]:
+    """The accelerate flags of each launch this command starts on this machine: one per node it runs.
+
+    One machine: one launch (a miniature's on a free port). Several, with this node named (``machine_rank`` and ``main_process_ip``, from
+    the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and not named: a miniature
+    simulates every node on this host (127.0.0.1, a free port); ``every_node`` (``--dry-run``) lists each node's.
+    """
+    if layout.num_machines == 1:  # a miniature takes a free port: several may run at once
+        return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]] if miniature else [[]]
+    if layout.names_node():
+        ranks, address = [layout.machine_rank], layout.main_process_ip
+    elif miniature or every_node:
+        ranks, address = list(range(layout.num_machines)), "127.0.0.1" if miniature else MAIN_NODE_PLACEHOLDER
+    else:
+        raise ValueError(unnamed_node_message(layout.num_machines))
+    port = free_port() if miniature and not layout.names_node() else layout.main_process_port or 29500
+    where = ["--main_process_ip", address, "--main_process_port", str(port)]
+    return [[*where, "--machine_rank", str(rank)] for rank in ranks]
+
+
+def unnamed_node_message(machines: int) -> str:
+    return (
+        f"this recipe runs on {machines} machines: start the same command on each, naming the node and the main "
+        f"one: --machine_rank R (0 on the main node, up to {machines - 1}) --main_process_ip ADDRESS (the main "
+        "node's, as the others reach it), or set $NODE_RANK and $MASTER_ADDR; --dry-run prints each node's command"
+    )
+
+
+def node_commands(recipe, argv: list[str]) -> list[str]:
+    """With several machines and no node named: the command each node runs (``--dry-run`` prints them), else []."""
+    layout = recipe.layout
+    if layout.num_machines == 1 or layout.names_node():
+        return []
+    base = [sys.executable.rsplit(os.sep, 1)[-1], "-m", "hf_grpo.train", *argv]
+    named = ["--main_process_ip", MAIN_NODE_PLACEHOLDER, "--main_process_port", str(layout.main_process_port or 29500)]
+    return [shlex.join([*base, "--machine_rank", str(rank), *named]) for rank in range(layout.num_machines)]
+
+
+def plan_commands(recipe, argv: list[str], every_node: bool = False) -> list[Command]:
+    """The processes a recipe runs on this machine: the vLLM server (when it starts one) and the training launch.
+
+    A miniature (``recipe.miniature``) launches with its accelerate flags (``--mixed_precision no`` on a CPU), free
+    ports instead of the recipe's, and the vLLM stand-in on the training processes' path. With several machines
+    (``node_flags``) each node starts its own launch; a miniature not told which node it is simulates them all here.
     """
 
     gen, model, commands, train_env = recipe.generation, recipe.model, [], {}
     mini = recipe.miniature
     train_argv, extra = list(argv), list(mini.accelerate_args) if mini is not None else []
     if mini is not None:
-        extra += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]
         if gen.starts_server():
             gen = dataclasses.replace(gen, port=free_port())
         if mini.trl_cpu_weight_transfer and "vllm_group_port" not in recipe.values:
@@ -264,10 +350,8 @@ def plan_commands(recipe, argv: list[str]) -> list[Command]:
         train_argv += ["--generation.base_url", gen.url]
         if mini is None:  # a miniature's stand-in server takes no GPU
             train_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, training_gpus(gen, recipe.layout.num_processes)))
-    machines = recipe.layout.num_machines if mini is not None else 1
-    for rank in range(machines):
-        ranked = [*extra, "--machine_rank", str(rank)] if machines > 1 else extra
-        argv_of_rank = accelerate_command(recipe.layout, train_argv, ranked)
+    for flags in node_flags(recipe.layout, mini is not None, every_node):
+        argv_of_rank = accelerate_command(recipe.layout, train_argv, [*extra, *flags])
         if gen.starts_server() and gen.cpus is not None:  # the cores the server leaves (hf_grpo.launch.torch_threads)
             argv_of_rank = pinned(training_cpus(gen), argv_of_rank)
         commands.append(Command("train", train_env, argv_of_rank))

@@ -40,6 +40,7 @@ from .launch import (
     apply_thread_policy,
     inside_launch,
     needs_launcher,
+    node_commands,
     plan_commands,
     run_launcher,
     stop_like_ctrl_c,
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return fail(exc)
     passthrough = [a for a in argv if a not in ("--dry-run", "--dry_run")]
     if dry_run:
-        print(render_dry_run(recipe, [str(c) for c in plan_commands(recipe, passthrough)]))  # noqa: T201
+        commands = [str(c) for c in plan_commands(recipe, passthrough, every_node=True)]
+        print(render_dry_run(recipe, commands, node_commands(recipe, passthrough)))  # noqa: T201
         return 0
     apply_env(recipe)
     if needs_launcher(recipe):

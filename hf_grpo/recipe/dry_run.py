@@ -60,8 +60,9 @@ def _value_lines(recipe: Recipe) -> list[str]:
     return out
 
 
-def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
-    """What ``--dry-run`` prints: resolved recipe, layout, batch arithmetic and the commands a run would start."""
+def render_dry_run(recipe: Recipe, commands: list[str], per_node: list[str] = ()) -> str:
+    """What ``--dry-run`` prints: resolved recipe, layout, batch arithmetic and the commands a run would start
+    (``per_node``: with several machines, the command to start on each)."""
     spec, model = recipe.data.resolved(), recipe.model
     lora = f" + LoRA r={model.lora_r} alpha={model.lora_alpha} on {model.lora_target_modules}"
     out = [
@@ -87,6 +88,9 @@ def render_dry_run(recipe: Recipe, commands: list[str]) -> str:
         "commands:",
         *[f"  {c}" for c in commands],
     ]
+    if per_node:
+        out += ["", "on separate machines: this command on each, with its rank (or $NODE_RANK and $MASTER_ADDR set):"]
+        out += [f"  {c}" for c in per_node]
     if recipe.miniature is not None:
         out += ["", *recipe.miniature.describe()]
     if recipe.hardware:

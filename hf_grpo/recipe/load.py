@@ -13,7 +13,7 @@ from ..config import HfGRPOConfig, ModelArguments
 from ..data.loaders import DataArguments
 from ..generation.layout import GenerationArguments, trl_fields
 from ..hardware import auto_backend
-from ..launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir
+from ..launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir, unnamed_node_message
 from ..miniature import Miniature
 from ..miniature.assets import ensure_assets
 from ..rewards import RewardArguments
@@ -54,7 +54,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
     checks.check_files(values, where, built_later)
     launch = _build("launch", values, where)
-    layout = _layout(launch, path.parent, miniature, where)
+    layout = _layout(launch, path.parent, miniature, for_run, where)
     plan = batch_plan(values, layout.num_processes, where)
     model = _build_model(values, where)
     data_args, rewards = _build("data", values, where), _build("rewards", values, where)
@@ -176,12 +176,18 @@ def _build_model(values: dict, where: str) -> ModelArguments:
     return model
 
 
-def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None, where: str) -> Layout:
-    """The process layout (accelerate config), with a miniature's CPU mixed precision."""
+def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None, for_run: bool, where: str) -> Layout:
+    """The process layout (accelerate config), with a miniature's CPU mixed precision; with several machines, a run
+    (not a miniature, which can simulate them here) must say which node this is."""
     try:
         layout = resolve_layout(launch, base_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         raise RecipeError(f"{where}: {clipped(exc)}") from None
+    rank, machines = layout.machine_rank, layout.num_machines
+    if machines > 1 and rank is not None and not 0 <= rank < machines:
+        raise RecipeError(f"{where}: machine_rank is {rank}, but num_machines is {machines}: use 0 to {machines - 1}")
+    if for_run and machines > 1 and miniature is None and not inside_launch() and not layout.names_node():
+        raise RecipeError(f"{where}: {unnamed_node_message(machines)}")
     if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
         layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     return layout
