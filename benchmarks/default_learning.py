@@ -44,7 +44,8 @@ from pathlib import Path
 import yaml
 
 from hf_grpo.evaluation.stats import gain_from_run
-from hf_grpo.launch import resolve_program, shipped_dir
+from hf_grpo.launch import resolve_program
+from hf_grpo.process_layout import shipped_dir
 
 
 GAIN_BAR, LOW_BAR, SECONDS_BAR = 0.20, 0.10, 300.0

@@ -134,7 +134,7 @@ def hardware_problems(
     """Every way this machine cannot run the recipe as written; each message names the setting and the fix.
 
     ``values`` are the recipe's explicit keys, ``defaults`` the defaults of the others; ``layout`` is the resolved
-    ``hf_grpo.launch.Layout`` and ``generation`` the ``GenerationArguments``. ``vllm_standin``: a miniature, whose
+    ``hf_grpo.process_layout.Layout`` and ``generation`` the ``GenerationArguments``. ``vllm_standin``: a miniature, whose
     CPU stand-ins take the place of vLLM (its engine and its server).
     """
     machine = machine or this_machine()

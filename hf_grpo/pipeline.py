@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 
 import yaml
@@ -179,7 +180,11 @@ def run(recipe: Recipe) -> dict:
 def _run(recipe: Recipe) -> dict:
     """``run``'s steps, with the lock held."""
     args = recipe.training
-    resume = resume_target(recipe, int(os.environ.get("WORLD_SIZE", "1")), lock=False)  # before anything loads
+    try:
+        resume, problem = resume_target(recipe, int(os.environ.get("WORLD_SIZE", "1")), lock=False), None
+    except RecipeError as exc:  # raised below on every process at once, not here on one while the others wait
+        resume, problem = None, str(exc)
+    resume = agree_on_resume(resume, problem)  # before anything loads
     step = finished_step(resume, args.max_steps) if resume is not None else None
     if step is not None:
         logger.info(
@@ -211,6 +216,38 @@ def _run(recipe: Recipe) -> dict:
             logger.info("pushed to %s", pushed.repo_url)
     trainer.accelerator.wait_for_everyone()
     return results
+
+
+def agree_on_resume(resume: str | None, problem: str | None) -> str | None:
+    """Every process resumes from the same step, or every process stops with the same one-line RecipeError.
+
+    Each process finds its checkpoint on its own disk; nodes without a shared ``output_dir`` find different ones
+    (node 1 none at all), and a run whose ranks resumed from different steps would pair the wrong collectives. So
+    the processes compare what they found (one small gather, before anything loads) and refuse unless they agree.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    state = PartialState()
+    if state.num_processes == 1:
+        if problem is not None:
+            raise RecipeError(problem)
+        return resume
+    step = int(Path(resume).name.rsplit("-", 1)[-1]) if resume is not None else None
+    found = gather_object([(state.process_index, socket.gethostname(), step, problem)])
+    problems = [(rank, host, text) for rank, host, _, text in found if text is not None]
+    if problems:
+        rank, host, text = problems[0]
+        raise RecipeError(f"process {rank} (on {host}): {text}")
+    if len({s for _, _, s, _ in found}) > 1:
+        seen = "; ".join(
+            f"process {r} on {h}: {f'checkpoint-{s}' if s is not None else 'none'}" for r, h, s, _ in found
+        )
+        raise RecipeError(
+            f"the processes found different checkpoints to resume from ({seen}): put output_dir on a filesystem "
+            "every node shares (or copy the checkpoint folder to every node's output_dir), then resume again"
+        )
+    return resume
 
 
 def build_trainer(recipe: Recipe):

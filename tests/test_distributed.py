@@ -80,3 +80,23 @@ def test_carried_groups_stay_within_one_step_when_one_process_never_keeps_any(tm
     assert max(rank0["pool_sizes"]) <= 2 and max(rank1["pool_sizes"]) == 0, (rank0, rank1)
     assert rank0["ages"] and max(rank0["ages"]) <= 1, rank0["ages"]
     assert 1 in rank0["ages"], "rank 0 should have trained on groups carried from the step before"
+
+
+@pytest.mark.slow
+def test_processes_resume_from_the_same_checkpoint_or_all_stop_with_one_line(tmp_path):
+    """Nodes without a shared output_dir each find their own newest checkpoint (node 1 often none); a run whose
+    ranks resumed from different steps paired the wrong collectives. Now every process gets the same answer."""
+    out = tmp_path / "outcomes.json"
+    result = launch_cpu_module("tests.scripts.resume_agreement_check", out, tmp_path / "run")
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = json.loads(out.read_text())
+    assert len(ranks) == 2 and ranks[0] == ranks[1], ranks  # every process: the same outcome
+    outcome = ranks[0]
+    assert outcome["same"] == {"resume": "out/checkpoint-4"}
+    assert outcome["none_anywhere"] == {"resume": None}
+    for case, node_1 in (("none_on_node_1", "none"), ("older_on_node_1", "checkpoint-2")):
+        error = outcome[case]["error"]
+        assert "process 0 on" in error and "checkpoint-4" in error and "process 1 on" in error, error
+        assert node_1 in error and "shares" in error and "\n" not in error
+    assert outcome["problem_on_node_1"]["error"].startswith("process 1 (on ")
+    assert "no manifest" in outcome["problem_on_node_1"]["error"]

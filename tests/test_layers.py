@@ -32,6 +32,7 @@ LAYERS = [
         "tiny",
         "vllm_standin",
         "local_models",
+        "process_layout",
     ],
     ["launch", "miniature"],
     ["recipe"],

@@ -19,7 +19,7 @@ from ..data.loaders import EMBEDDED, TRL_COLUMNS, DataArguments, is_local_file, 
 from ..generation.layout import GenerationArguments
 from ..generation.vllm_install import CPU_DISTRIBUTION, INSTALL_COMMAND, VLLMInstall
 from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
-from ..launch import read_accelerate_config, resolve_accelerate_config
+from ..process_layout import read_accelerate_config, resolve_accelerate_config
 from ..rewards import reward_name
 from ..vllm_standin import activate as activate_standin
 from ..vllm_standin import patch_trl_for_cpu

@@ -15,7 +15,7 @@ from typing import Any
 from ..config import ModelArguments
 from ..data.loaders import LOCAL_BUILDERS, TRL_COLUMNS, DataArguments, is_local_file
 from ..generation.layout import GenerationArguments, check_generation
-from ..launch import Layout
+from ..process_layout import Layout
 from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
 from ..rewards.grading import TASKS
 from .schema import BatchPlan, RecipeError, default_of

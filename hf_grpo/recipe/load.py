@@ -13,9 +13,10 @@ from ..config import HfGRPOConfig, ModelArguments
 from ..data.loaders import DataArguments
 from ..generation.layout import GenerationArguments, trl_fields
 from ..hardware import auto_backend
-from ..launch import LaunchArguments, Layout, inside_launch, resolve_layout, shipped_dir, unnamed_node_message
+from ..launch import inside_launch
 from ..miniature import Miniature
 from ..miniature.assets import ensure_assets
+from ..process_layout import LaunchArguments, Layout, resolve_layout, shipped_dir, unnamed_node_message
 from ..rewards import RewardArguments
 from . import checks, checks_env
 from .command_line import apply_overrides, split_argv

@@ -13,8 +13,8 @@ from typing import Any
 from ..config import HfGRPOConfig, ModelArguments
 from ..data.loaders import DataArguments
 from ..generation.layout import GenerationArguments
-from ..launch import LaunchArguments, Layout
 from ..miniature import Miniature
+from ..process_layout import LaunchArguments, Layout
 from ..rewards import RewardArguments
 
 
