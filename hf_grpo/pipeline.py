@@ -236,9 +236,11 @@ def agree_on_resume(resume: str | None, problem: str | None) -> str | None:
     step = int(Path(resume).name.rsplit("-", 1)[-1]) if resume is not None else None
     found = gather_object([(state.process_index, socket.gethostname(), step, problem)])
     problems = [(rank, host, text) for rank, host, _, text in found if text is not None]
+    several_nodes = state.num_processes > int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
+    shared = "; every node reads its own output_dir: put it on a filesystem they all share" if several_nodes else ""
     if problems:
         rank, host, text = problems[0]
-        raise RecipeError(f"process {rank} (on {host}): {text}")
+        raise RecipeError(f"process {rank} (on {host}): {text}{shared}")
     if len({s for _, _, s, _ in found}) > 1:
         seen = "; ".join(
             f"process {r} on {h}: {f'checkpoint-{s}' if s is not None else 'none'}" for r, h, s, _ in found

@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     apply_env(recipe)
     if needs_launcher(recipe):
         try:
-            resume_target(recipe, recipe.layout.num_processes)  # a bad or changed checkpoint: before the launch
+            if not recipe.layout.machine_rank:  # a bad or changed checkpoint, the output_dir lock: before the launch
+                resume_target(recipe, recipe.layout.num_processes)
+            # the other nodes check in their training processes, where every rank agrees or all stop at once
+            # (pipeline.agree_on_resume); refusing here would leave the main node waiting for them in silence
             return run_launcher(recipe, passthrough)
         except (ProgramNotFound, RecipeError) as exc:
             return fail(exc)
