@@ -107,9 +107,10 @@ MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node
 def node_flags(layout: Layout, miniature: bool, every_node: bool) -> list[list[str]]:
     """The accelerate flags of each launch this command starts on this machine: one per node it runs.
 
-    One machine: one launch (a miniature's on a free port). Several, with this node named (``machine_rank`` and ``main_process_ip``, from
-    the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and not named: a miniature
-    simulates every node on this host (127.0.0.1, a free port); ``every_node`` (``--dry-run``) lists each node's.
+    One machine: one launch (a miniature's on a free port). Several, with this node named (``machine_rank`` and
+    ``main_process_ip``, from the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and
+    not named: a miniature simulates every node on this host (127.0.0.1, a free port); ``every_node`` (``--dry-run``)
+    lists each node's.
     """
     if layout.num_machines == 1:  # a miniature takes a free port: several may run at once
         return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]] if miniature else [[]]

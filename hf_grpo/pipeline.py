@@ -225,7 +225,7 @@ def agree_on_resume(resume: str | None, problem: str | None) -> str | None:
     (node 1 none at all), and a run whose ranks resumed from different steps would pair the wrong collectives. So
     the processes compare what they found (one small gather, before anything loads) and refuse unless they agree.
     """
-    from accelerate import PartialState
+    from accelerate import PartialState  # accelerate: loaded when a run starts, not for --help
     from accelerate.utils import gather_object
 
     state = PartialState()
@@ -233,8 +233,8 @@ def agree_on_resume(resume: str | None, problem: str | None) -> str | None:
         if problem is not None:
             raise RecipeError(problem)
         return resume
-    step = int(Path(resume).name.rsplit("-", 1)[-1]) if resume is not None else None
-    found = gather_object([(state.process_index, socket.gethostname(), step, problem)])
+    name = Path(resume).name if resume is not None else None  # checkpoint-N
+    found = gather_object([(state.process_index, socket.gethostname(), name, problem)])
     problems = [(rank, host, text) for rank, host, _, text in found if text is not None]
     several_nodes = state.num_processes > int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
     shared = "; every node reads its own output_dir: put it on a filesystem they all share" if several_nodes else ""
@@ -242,9 +242,7 @@ def agree_on_resume(resume: str | None, problem: str | None) -> str | None:
         rank, host, text = problems[0]
         raise RecipeError(f"process {rank} (on {host}): {text}{shared}")
     if len({s for _, _, s, _ in found}) > 1:
-        seen = "; ".join(
-            f"process {r} on {h}: {f'checkpoint-{s}' if s is not None else 'none'}" for r, h, s, _ in found
-        )
+        seen = "; ".join(f"process {r} on {h}: {n if n is not None else 'none'}" for r, h, n, _ in found)
         raise RecipeError(
             f"the processes found different checkpoints to resume from ({seen}): put output_dir on a filesystem "
             "every node shares (or copy the checkpoint folder to every node's output_dir), then resume again"
