@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except RuntimeError as exc:
         if not peer_lost(exc):
             raise
-        crash_log.write(recipe.training.output_dir, exc)  # the peer's own error (if it could print one) says why
-        return 1
+        return peer_gone(recipe, passthrough, exc)
     finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return 0
@@ -195,6 +194,24 @@ def peer_lost(exc: RuntimeError) -> bool:
     "Connection closed by peer", NCCL's DistBackendError): that process's error is the one to show, not this echo."""
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return several and (isinstance(exc, torch.distributed.DistError) or bool(PEER_GONE.search(str(exc))))
+
+
+def peer_gone(recipe, argv: list[str], exc: RuntimeError) -> int:
+    """Another training process ended mid-collective. On one machine its own error (if it could print one) says
+    why, and this echo only goes to the crash log. With several machines that error is on another machine, so each
+    node says here, once, what happened and where to look."""
+    traceback_log = crash_log.write(recipe.training.output_dir, exc)
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if not local or world <= local or os.environ.get("LOCAL_RANK", "0") != "0":
+        return 1
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(exc).split())).split(". ")[0][:200]  # gloo: "[file:line] ..."
+    print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
+    return fail(
+        f"lost contact with another training process of this run ({detail}): it ended "
+        f"or its machine became unreachable; its own error, if it printed one, is on its machine; this one's "
+        f"traceback: {traceback_log}; resume with: {crash_log.resume_command(argv)}",
+        status=1,
+    )
 
 
 def first_rank() -> bool:

@@ -20,7 +20,7 @@ import pytest
 from hf_grpo.checkpoints import MANIFEST
 
 from .helpers.common import REPO
-from .test_generation import COMMON, RUN_MARK, free_port, kill_marked
+from .test_generation import COMMON, RUN_MARK, free_port, kill_marked, wait_until
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
@@ -56,6 +56,7 @@ def nodes():
 
 
 def start(node, rank: int, out, port: int, mark: str, *extra: str) -> subprocess.Popen:
+    """Node ``rank``'s command in its namespace; its processes carry ``RUN_MARK=mark-rank``."""
     ns, dev = node
     argv = [
         "ip", "netns", "exec", ns, sys.executable, "-m", "hf_grpo.train", *COMMON, "--max_steps", "2",
@@ -64,7 +65,7 @@ def start(node, rank: int, out, port: int, mark: str, *extra: str) -> subprocess
         "--num_machines", "2", "--num_processes", "2", "--output_dir", str(out),
         "--machine_rank", str(rank), "--main_process_ip", MAIN, "--main_process_port", str(port), *extra,
     ]  # fmt: skip
-    env = {**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": dev}
+    env = {**os.environ, RUN_MARK: f"{mark}-{rank}", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": dev}
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -99,10 +100,38 @@ def test_two_nodes_train_then_refuse_a_resume_without_a_shared_output_dir(nodes,
         results = both(nodes, own, mark, "--max_steps", "3", "--resume_from_checkpoint", "auto")
         took = time.monotonic() - started
     finally:
-        kill_marked(mark)
+        for rank in (0, 1):
+            kill_marked(f"{mark}-{rank}")
     for rank, (code, err) in enumerate(results):  # node 1 found only fragments: both stop, naming it and the fix
         assert code != 0, f"node {rank} resumed: {err[-3000:]}"
         lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error: process 1 (on ")]
         assert len(lines) == 1, f"node {rank}: {err[-3000:]}"
         assert "node1" in lines[0] and "none can be resumed" in lines[0] and "filesystem they all share" in lines[0]
     print(f"resume refused on both nodes in {took:.0f} s")
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_node_ends_the_other_with_one_line(nodes, tmp_path):
+    """Node 1 SIGKILLed mid-run (its launcher and training process): node 0 ends on its own, soon, saying in one
+    ``hf_grpo: error:`` line that it lost a peer, instead of a bare echo of the collective's error."""
+    mark, out = f"killed-{os.getpid()}-{time.monotonic_ns()}", tmp_path / "shared"
+    port = free_port()
+    runs = [start(node, rank, out, port, mark, "--max_steps", "500") for rank, node in enumerate(nodes)]
+    try:
+        history = out / "training_history.json"
+        assert wait_until(lambda: history.is_file() or any(r.poll() is not None for r in runs), 300)
+        assert all(r.poll() is None for r in runs), [r.stderr.read()[-2000:] for r in runs if r.poll() is not None]
+        kill_marked(f"{mark}-1")
+        killed = time.monotonic()
+        code = runs[0].wait(timeout=300)  # bounded by gloo seeing the closed connection, not by a guessed time
+        took = time.monotonic() - killed
+        err = runs[0].stderr.read()
+    finally:
+        for rank in (0, 1):
+            kill_marked(f"{mark}-{rank}")
+    assert code != 0, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error: lost contact")]
+    assert len(lines) == 1, err[-4000:]
+    assert "resume with: " in lines[0] and "--machine_rank 0" in lines[0], lines[0]
+    assert "Traceback" not in err and " by peer" in lines[0], err[-4000:]  # gloo: reset or closed by peer
+    print(f"node 0 ended {took:.1f} s after node 1 was killed")
