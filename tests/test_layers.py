@@ -1,5 +1,5 @@
 """The package's import graph, read with the standard library's ``ast``: every module sits in one of the layers README
-draws ("Layout"), every import of ours points to the same or a lower layer, there is no cycle, and an import inside a
+draws ("Layers"), every import of ours points to the same or a lower layer, there is no cycle, and an import inside a
 function (kept only where it saves start-up time) says so in a comment."""
 
 from __future__ import annotations
