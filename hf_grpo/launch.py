@@ -120,7 +120,7 @@ def node_flags(layout: Layout, miniature: bool, every_node: bool) -> list[list[s
         ranks, address = list(range(layout.num_machines)), "127.0.0.1" if miniature else MAIN_NODE_PLACEHOLDER
     else:
         raise ValueError(unnamed_node_message(layout.num_machines))
-    port = free_port() if miniature and not layout.names_node() else layout.main_process_port or 29500
+    port = free_port() if miniature and not layout.names_node() else layout.main_process_port
     where = ["--main_process_ip", address, "--main_process_port", str(port)]
     return [[*where, "--machine_rank", str(rank)] for rank in ranks]
 
@@ -131,7 +131,7 @@ def node_commands(recipe, argv: list[str]) -> list[str]:
     if layout.num_machines == 1 or layout.names_node():
         return []
     base = [sys.executable.rsplit(os.sep, 1)[-1], "-m", "hf_grpo.train", *argv]
-    named = ["--main_process_ip", MAIN_NODE_PLACEHOLDER, "--main_process_port", str(layout.main_process_port or 29500)]
+    named = ["--main_process_ip", MAIN_NODE_PLACEHOLDER, "--main_process_port", str(layout.main_process_port)]
     return [shlex.join([*base, "--machine_rank", str(rank), *named]) for rank in range(layout.num_machines)]
 
 

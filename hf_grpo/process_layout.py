@@ -39,7 +39,7 @@ class LaunchArguments:
             With several machines: the main node's address, as the other nodes reach it. Default: `$MASTER_ADDR`.
         main_process_port (`int`, *optional*):
             With several machines: the port the main node listens on. Default: `$MASTER_PORT`, else the accelerate
-            config's `main_process_port`.
+            config's `main_process_port`, else accelerate's 29500.
     """
 
     accelerate_config: str | None = field(
@@ -58,6 +58,7 @@ class LaunchArguments:
     )
 
 
+ACCELERATE_MAIN_PORT = 29500  # accelerate's main_process_port when neither the config nor the command line sets one
 NODE_RANK_ENV = ("NODE_RANK", "SLURM_NODEID")  # what torchrun's docs and Slurm set on each node
 
 
@@ -104,7 +105,7 @@ class Layout:
     mixed_precision: str | None = None  # the accelerate config's
     machine_rank: int | None = None  # with several machines: this node (command line, else $NODE_RANK)
     main_process_ip: str | None = None  # the main node's address (command line, else $MASTER_ADDR)
-    main_process_port: int | None = None  # command line, else $MASTER_PORT, else the config's
+    main_process_port: int = ACCELERATE_MAIN_PORT  # command line, else $MASTER_PORT, else the config's
 
     def names_node(self) -> bool:
         """Whether this node is named: its rank and the main node's address are both known."""
@@ -151,7 +152,9 @@ def resolve_layout(args: LaunchArguments, base_dir: Path | None = None) -> Layou
         mixed_precision=config.get("mixed_precision"),
         machine_rank=_int_from(args.machine_rank, NODE_RANK_ENV),
         main_process_ip=args.main_process_ip or os.environ.get("MASTER_ADDR") or None,
-        main_process_port=_int_from(args.main_process_port, ("MASTER_PORT",), config.get("main_process_port")),
+        main_process_port=_int_from(
+            args.main_process_port, ("MASTER_PORT",), config.get("main_process_port", ACCELERATE_MAIN_PORT)
+        ),
     )
 
 
