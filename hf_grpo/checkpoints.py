@@ -4,7 +4,8 @@ transformers writes ``checkpoint-N`` file by file, each process its own files, w
 stopped while saving leaves a directory that ``get_last_checkpoint`` still picks, and the resume then fails after the
 model has loaded. Here, once every process has written its files (after a barrier), the main process writes a manifest,
 ``hf_grpo_checkpoint.json``, last and atomically: the process count, whether the dynamic-sampling state is in it, and
-the size of every file. A checkpoint is complete when its manifest exists and every listed file has its size.
+the size of every file any process wrote. A checkpoint is complete when its manifest exists and every listed file has
+its size: on nodes that do not share ``output_dir``, no node's copy is.
 
 ``resume_from_checkpoint: auto`` takes the newest complete checkpoint and logs the ones it skipped and why; an explicit
 path that is incomplete or damaged is an error naming the file and the newest complete checkpoint, raised before any
@@ -34,19 +35,35 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names the file and the alternative."""
 
 
-def write_manifest(folder: str | os.PathLike, num_processes: int, dynamic_sampling: bool) -> None:
-    """Mark ``folder`` complete: call on one process, after every process has written its files."""
+def listing(folder: str | os.PathLike) -> dict[str, int]:
+    """The size of every file under ``folder`` that this process sees, by relative path (the manifest excluded)."""
     folder = Path(folder)
-    run_recipe = folder.parent / RECIPE_FILE
-    if run_recipe.is_file():  # the recipe this checkpoint was trained with, compared before a resume
-        shutil.copyfile(run_recipe, folder / RECIPE_FILE)
-    files = {
+    return {
         str(path.relative_to(folder)): path.stat().st_size
         for path in sorted(folder.rglob("*"))
         if path.is_file() and path.name != MANIFEST and not path.name.startswith(f"{MANIFEST}.")
     }
-    manifest = {"num_processes": num_processes, "dynamic_sampling": dynamic_sampling, "files": files}
-    tmp = folder / f"{MANIFEST}.tmp"
+
+
+def write_manifest(
+    folder: str | os.PathLike, num_processes: int, dynamic_sampling: bool, seen: list[dict[str, int]] = ()
+) -> None:
+    """Mark ``folder`` complete: call after every process has written its files. ``seen``: what each process saw
+    there (``listing``, gathered); the manifest lists all of it, so a node that does not share the folder with the
+    others finds their files missing instead of resuming from its own fragments."""
+    folder = Path(folder)
+    run_recipe = folder.parent / RECIPE_FILE
+    if run_recipe.is_file():  # the recipe this checkpoint was trained with, compared before a resume
+        shutil.copyfile(run_recipe, folder / RECIPE_FILE)
+    files = {}
+    for view in (*seen, listing(folder)):
+        files.update(view)
+    manifest = {
+        "num_processes": num_processes,
+        "dynamic_sampling": dynamic_sampling,
+        "files": dict(sorted(files.items())),
+    }
+    tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"  # each node's writer its own (nodes that do not share write both)
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()

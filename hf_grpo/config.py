@@ -15,8 +15,10 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+from accelerate import PartialState
 from trl import GRPOConfig, ModelConfig
 
 
@@ -206,6 +208,16 @@ class HfGRPOConfig(GRPOConfig):
                 raise ValueError("keep_top_k replaces save_total_limit: set only one")
         if self.advantage_estimator == "rloo" and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("advantage_estimator='rloo' needs multi_objective_aggregation='sum_then_normalize'")
+
+    @cached_property
+    def _setup_devices(self) -> torch.device:
+        # transformers starts the process group with ddp_timeout on GPUs and under DeepSpeed, but on the use_cpu path
+        # it passes no timeout: gloo then waits 30 minutes on a peer that vanished without closing its connection
+        # (a machine powered off, a link down). Starting the group here with the timeout first (accelerate keeps a
+        # group that exists) makes ddp_timeout hold there too.
+        if self.use_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+            PartialState(cpu=True, backend=self.ddp_backend, timeout=self.ddp_timeout_delta)
+        return super()._setup_devices
 
 
 def hf_config(model, args) -> HfGRPOConfig:

@@ -292,11 +292,12 @@ def quiet(argv: list[str], recipe) -> list[str]:
 
 
 def failed_summary(recipe, argv: list[str], code: int) -> str:
-    """The launcher's one line after a training launch failed: where its error is and how to resume."""
+    """The launcher's one line after a training launch failed: where its error is and how to resume. The error may
+    be a refusal to start (a checkpoint the nodes disagree on): resuming is then the step after fixing it."""
     logs = Path(recipe.training.output_dir) / "logs"
     return (
         f"hf_grpo: training stopped with exit code {code}: its error is the `hf_grpo: error:` line above (tracebacks "
-        f"in {logs}/); resume with: {crash_log.resume_command(argv)}"
+        f"in {logs}/); once what it names is fixed, resume with: {crash_log.resume_command(argv)}"
     )
 
 

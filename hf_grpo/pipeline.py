@@ -165,25 +165,27 @@ def run(recipe: Recipe) -> dict:
     if recipe.miniature is not None:  # before TRL's generation modules are imported: they look for vllm once
         activate(recipe.miniature)
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
-    lock = None
+    lock, problem = None, None
     if recipe.training.process_index == 0:
         try:
             lock = acquire(recipe.training.output_dir)
-        except RunLockError as exc:
-            raise RecipeError(str(exc)) from None
+        except RunLockError as exc:  # raised by every process at once (agree_on_resume), not here while they wait
+            problem = str(exc)
     try:
-        return _run(recipe)
+        return _run(recipe, problem)
     finally:
         release(lock)
 
 
-def _run(recipe: Recipe) -> dict:
-    """``run``'s steps, with the lock held."""
+def _run(recipe: Recipe, problem: str | None) -> dict:
+    """``run``'s steps, with the lock held (``problem``: why process 0 could not take it)."""
     args = recipe.training
-    try:
-        resume, problem = resume_target(recipe, int(os.environ.get("WORLD_SIZE", "1")), lock=False), None
-    except RecipeError as exc:  # raised below on every process at once, not here on one while the others wait
-        resume, problem = None, str(exc)
+    resume = None
+    if problem is None:
+        try:
+            resume = resume_target(recipe, int(os.environ.get("WORLD_SIZE", "1")), lock=False)
+        except RecipeError as exc:  # raised below on every process at once, not here on one while the others wait
+            problem = str(exc)
     resume = agree_on_resume(resume, problem)  # before anything loads
     step = finished_step(resume, args.max_steps) if resume is not None else None
     if step is not None:

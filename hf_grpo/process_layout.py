@@ -9,7 +9,9 @@ names itself: ``machine_rank`` and ``main_process_ip`` (or ``$NODE_RANK`` and ``
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,3 +194,33 @@ def unnamed_node_message(machines: int) -> str:
         f"one: --machine_rank R (0 on the main node, up to {machines - 1}) --main_process_ip ADDRESS (the main "
         "node's, as the others reach it), or set $NODE_RANK and $MASTER_ADDR; --dry-run prints each node's command"
     )
+
+
+def loopback_host_problem(layout: Layout, gloo: bool) -> str | None:
+    """Why the other machines could not reach this one's training processes over gloo, or None.
+
+    gloo gives its peers the address this machine's hostname resolves to, and many installs map the hostname to a
+    loopback address (Debian's ``127.0.1.1``): the first collective then fails on one node and hangs on the other.
+    Not a problem when ``$GLOO_SOCKET_IFNAME`` names the interface, or when every machine is this host.
+    """
+    if layout.num_machines < 2 or not gloo or os.environ.get("GLOO_SOCKET_IFNAME") or not layout.main_process_ip:
+        return None
+    if _resolves_to_loopback(layout.main_process_ip):
+        return None  # the main node is this host: all "machines" are here (a miniature's)
+    host = socket.gethostname()
+    if not _resolves_to_loopback(host):
+        return None
+    return (
+        f"this machine's hostname {host!r} resolves to a loopback address, which the other machines cannot reach "
+        "(gloo announces the hostname's address): set GLOO_SOCKET_IFNAME to the network interface the machines share "
+        "on every node (for example GLOO_SOCKET_IFNAME=eth0; `ip -br addr` lists them), or map the hostname to that "
+        "interface's address in /etc/hosts"
+    )
+
+
+def _resolves_to_loopback(name: str) -> bool:
+    """Whether ``name`` (a hostname or an address) resolves to a loopback address; False when it does not resolve."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(name)).is_loopback
+    except (OSError, ValueError):
+        return False

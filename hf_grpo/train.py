@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     apply_env(recipe)
     if needs_launcher(recipe):
         try:
-            if not recipe.layout.machine_rank:  # a bad or changed checkpoint, the output_dir lock: before the launch
+            if recipe.layout.num_machines == 1:  # a bad or changed checkpoint, the output_dir lock: before the launch
                 resume_target(recipe, recipe.layout.num_processes)
-            # the other nodes check in their training processes, where every rank agrees or all stop at once
-            # (pipeline.agree_on_resume); refusing here would leave the main node waiting for them in silence
+            # with several machines the training processes check, where every rank agrees or all stop at once
+            # (pipeline.agree_on_resume): one node refusing here would leave the others waiting for it in silence
             return run_launcher(recipe, passthrough)
         except (ProgramNotFound, RecipeError) as exc:
             return fail(exc)
@@ -186,12 +186,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     return 0
 
 
-PEER_GONE = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe", re.IGNORECASE)
+PEER_GONE = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|Timed out waiting", re.IGNORECASE)
 
 
 def peer_lost(exc: RuntimeError) -> bool:
     """Whether ``exc`` is a collective failing because another training process of this run ended (gloo's
-    "Connection closed by peer", NCCL's DistBackendError): that process's error is the one to show, not this echo."""
+    "Connection closed by peer", NCCL's DistBackendError) or did not answer within ``ddp_timeout`` (gloo's "Timed out
+    waiting"): that process's error, if any, is the one to show, not this echo."""
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return several and (isinstance(exc, torch.distributed.DistError) or bool(PEER_GONE.search(str(exc))))
 
@@ -207,7 +208,7 @@ def peer_gone(recipe, argv: list[str], exc: RuntimeError) -> int:
     detail = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(exc).split())).split(". ")[0][:200]  # gloo: "[file:line] ..."
     print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
     return fail(
-        f"lost contact with another training process of this run ({detail}): it ended "
+        f"lost contact with another training process of this run ({detail}): it ended, hung "
         f"or its machine became unreachable; its own error, if it printed one, is on its machine; this one's "
         f"traceback: {traceback_log}; resume with: {crash_log.resume_command(argv)}",
         status=1,

@@ -16,13 +16,14 @@ from typing import ClassVar
 
 import torch
 import trl
+from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
 
 from . import sampling
 from .advantages import leave_one_out_advantages, relog_advantages
-from .checkpoints import keep_best, write_manifest
+from .checkpoints import keep_best, listing, write_manifest
 from .config import hf_config
 from .eta import EtaCallback
 from .generation.overlap import Lookahead
@@ -271,8 +272,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
         # sampling state. Once all have, the manifest marks the checkpoint complete (checkpoints.py).
         self.accelerator.wait_for_everyone()
-        if self.args.should_save:  # the main process; after the barrier, no process still writes into what is deleted
-            write_manifest(self._checkpoint_dir(trial), self.accelerator.num_processes, self._stream is not None)
+        folder = self._checkpoint_dir(trial)
+        seen = gather_object([listing(folder)]) if self.accelerator.num_processes > 1 else []  # one per process
+        shared = all(view == seen[0] for view in seen)  # else each node has its own output_dir: each writes its own
+        if self.accelerator.is_main_process or (self.accelerator.is_local_main_process and not shared):
+            # after the barrier, no process still writes into what is deleted
+            write_manifest(folder, self.accelerator.num_processes, self._stream is not None, seen)
             run_dir, step, last = self._get_output_dir(trial=trial), self.state.global_step, self.last_task_eval
             # older checkpoints go only now that this one is complete (a kill in between keeps one to resume from)
             rotate_checkpoints(run_dir, limit, self.state.best_model_checkpoint, use_mtime=True)

@@ -6,9 +6,12 @@ The runs themselves are in tests/test_miniatures.py (marker ``miniature``).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
+from transformers import AutoConfig
 
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets, source_splits
 from hf_grpo.hardware import this_machine
@@ -27,6 +30,7 @@ from hf_grpo.recipe import RecipeError, load_recipe, miniaturize
 from hf_grpo.train import main
 
 from .helpers.common import REPO
+from .test_generation import free_port
 
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -167,7 +171,7 @@ def test_the_mirror_covers_exactly_the_splits_the_loader_reads():
 
 
 def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, monkeypatch):
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from hf_grpo.data.loaders import format_prompt
     from hf_grpo.evaluation.core import generate
@@ -200,6 +204,26 @@ def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, m
     outs = generate(model, tokenizer, prompts, 32)
     grades = [grade_completion("r1_zero", o[0], r["answer"]) for o, r in zip(outs, rows, strict=False)]
     assert grades.count("unparseable") <= 4, outs[:4]  # the warm start taught the r1_zero format
+
+
+@pytest.mark.subprocess
+def test_every_machine_builds_a_complete_cache_whatever_its_rank(tmp_path):
+    """Each machine of a multi-node miniature builds the assets into its own cache, inside a started process group:
+    the machine whose processes are not global rank 0 gets the model too (transformers' save_pretrained writes
+    nothing there), so it loads and trains like the main one."""
+    port, caches = str(free_port()), [tmp_path / "node0", tmp_path / "node1"]
+    script = REPO / "tests" / "scripts" / "node_cache_check.py"
+    runs = [
+        subprocess.Popen([sys.executable, str(script), str(rank), port, str(cache)], stdout=subprocess.PIPE, text=True)
+        for rank, cache in enumerate(caches)
+    ]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    for output in outputs:
+        assert "config.json" in output and "model.safetensors" in output, output
+    for cache in caches:
+        (model_dir,) = cache.glob("miniature/*/model")
+        assert AutoConfig.from_pretrained(model_dir).model_type == "llama"
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)

@@ -4,9 +4,14 @@ shipped 2-node recipe and its miniature, without training; the runs are in tests
 
 from __future__ import annotations
 
-import pytest
+import socket
 
+import pytest
+import torch
+
+from hf_grpo.checkpoints import listing, problem, write_manifest
 from hf_grpo.launch import MAIN_NODE_PLACEHOLDER, node_commands, plan_commands
+from hf_grpo.process_layout import loopback_host_problem
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
 
@@ -93,3 +98,71 @@ def test_a_miniature_simulates_every_node_here_unless_one_is_named():
     recipe, _ = load_recipe(named, for_run=False)
     (one,) = launches(recipe, named)
     assert "--machine_rank 1" in one and "--main_process_ip 10.77.0.1" in one
+
+
+NODE_ARGS = ["--machine_rank", "1", "--main_process_ip", "10.77.0.1"]
+
+
+def resolving(monkeypatch, table: dict[str, str]) -> None:
+    """This machine is called ``node-b``; ``table`` says what each name resolves to (others do not resolve)."""
+
+    def gethostbyname(name):
+        if name in table:
+            return table[name]
+        raise OSError(f"unknown host {name}")
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    monkeypatch.setattr(socket, "gethostbyname", gethostbyname)
+
+
+def test_a_hostname_on_loopback_stops_a_cpu_node_before_loading_naming_gloo_socket_ifname(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # gloo carries the collectives
+    resolving(monkeypatch, {"node-b": "127.0.1.1", "10.77.0.1": "10.77.0.1"})
+    with pytest.raises(RecipeError) as caught:
+        load_recipe([RECIPE, *NODE_ARGS], for_run=True)
+    message = str(caught.value)
+    assert "'node-b' resolves to a loopback address" in message and "GLOO_SOCKET_IFNAME=" in message, message
+    assert "/etc/hosts" in message and RECIPE in message
+
+    load_recipe([RECIPE, *NODE_ARGS], for_run=False)  # a dry run only prints the commands
+
+
+@pytest.mark.parametrize(
+    "case", ["interface named", "hostname on the network", "main node is this host", "NCCL (a GPU machine)"]
+)
+def test_a_hostname_on_loopback_is_no_problem_when_gloo_is_told_or_unused(case, monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: case == "NCCL (a GPU machine)")
+    table = {"node-b": "127.0.1.1", "10.77.0.1": "10.77.0.1", "localhost": "127.0.0.1"}
+    argv = [RECIPE, *NODE_ARGS]
+    if case == "interface named":
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    elif case == "hostname on the network":
+        table["node-b"] = "10.77.0.2"
+    elif case == "main node is this host":
+        argv = [RECIPE, "--machine_rank", "1", "--main_process_ip", "localhost"]
+    resolving(monkeypatch, table)
+    recipe, _ = load_recipe(argv, for_run=False)
+    assert loopback_host_problem(recipe.layout, gloo=case != "NCCL (a GPU machine)") is None
+
+
+def test_the_manifest_lists_every_process_files_so_a_node_without_them_does_not_resume(tmp_path):
+    """Nodes that do not share output_dir: each writes its checkpoint's manifest from what every process saw, so on
+    each node the files written only on the other are missing and the checkpoint is incomplete (where one node's own
+    listing would have looked complete)."""
+    node0, node1 = tmp_path / "node0" / "checkpoint-2", tmp_path / "node1" / "checkpoint-2"
+    for folder, files in ((node0, ["model.safetensors", "rng_state_0.pth"]), (node1, ["rng_state_1.pth"])):
+        folder.mkdir(parents=True)
+        for name in files:
+            (folder / name).write_bytes(b"x" * 8)
+    seen = [listing(node0), listing(node1)]  # process 0 on node 0, process 1 on node 1 (gathered in the trainer)
+    for folder in (node0, node1):
+        write_manifest(folder, 2, True, seen)
+    assert problem(node0, 2) == f"{node0 / 'rng_state_1.pth'} is missing"
+    assert problem(node1, 2) == f"{node1 / 'model.safetensors'} is missing"
+    write_manifest(node0, 2, True)  # what only this node saw: complete-looking, the old behaviour
+    assert problem(node0, 2) is None
+    (node0 / "rng_state_1.pth").write_bytes(b"x" * 8)  # a shared folder holds every process's files
+    write_manifest(node0, 2, True, seen)
+    assert problem(node0, 2) is None

@@ -62,6 +62,22 @@ def test_overridden_transformers_hook(name, expected):
     assert params(GRPOTrainer, name) == expected
 
 
+def test_overridden_training_arguments_hook_still_drops_the_timeout_on_the_cpu_path():
+    # HfGRPOConfig._setup_devices starts the process group with ddp_timeout before transformers' cached property
+    # runs, because transformers' use_cpu branch passes no timeout while keeping a group that exists. When an upgrade
+    # renames the property, or passes the timeout there itself, this fails and the override can go.
+    from functools import cached_property
+
+    from hf_grpo.config import HfGRPOConfig
+
+    assert isinstance(inspect.getattr_static(transformers.TrainingArguments, "_setup_devices"), cached_property)
+    assert isinstance(inspect.getattr_static(HfGRPOConfig, "_setup_devices"), cached_property)
+    source = inspect.getsource(transformers.TrainingArguments._setup_devices.func)
+    cpu_branch = source[source.index("if self.use_cpu") : source.index("elif is_sagemaker_mp_enabled()")]
+    assert "timeout" not in cpu_branch and 'accelerator_state_kwargs["cpu"] = True' in cpu_branch, cpu_branch
+    assert "PartialState(**accelerator_state_kwargs)" in source
+
+
 def test_transformers_takes_each_steps_batches_through_get_batch_samples():
     # overlapped generation reads the dataloader ahead in get_batch_samples (generation/overlap.py): every optimizer
     # step's batches must come through it, from the epoch's iterator, and our override reuses the item count

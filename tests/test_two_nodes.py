@@ -1,8 +1,13 @@
 """Two real nodes on one host: two network namespaces (10.77.0.1 and 10.77.0.2 over a veth pair, created here and
-torn down after; root only), each starting its share of the tiny recipe with the one command README shows,
-``python -m hf_grpo.train RECIPE --machine_rank R --main_process_ip 10.77.0.1``, over gloo between them. Checked:
-training to the end with a shared output_dir and resuming there, and a resume where each node has its own output_dir (no shared disk),
-which must stop on both nodes with the same one line instead of resuming them from different steps. Tier 2:
+torn down after; root only), each starting its share with the one command README shows,
+``python -m hf_grpo.train RECIPE --machine_rank R --main_process_ip 10.77.0.1``, over gloo between them. In each
+namespace the hostname resolves to a loopback address (``/etc/netns/NS/hosts``, as Debian's ``127.0.1.1``), so the runs
+name the interface with ``GLOO_SOCKET_IFNAME`` as README says. Checked: the tiny recipe trains with a shared output_dir
+and resumes there; with one output_dir per node (no shared disk) a resume stops on both nodes with the same one line;
+without ``GLOO_SOCKET_IFNAME`` both stop before any collective, naming it; a killed main node ends the other in one
+line and the run resumes over its stale lock; a node that stops answering ends the other after ``ddp_timeout``; the
+2-node miniature (DeepSpeed over gloo) trains with a cold model cache on each node and refuses a per-node resume.
+Tier 2:
 
     sudo .venv/bin/python -m pytest -q --tier 2 tests/test_two_nodes.py
 """
@@ -11,20 +16,37 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from hf_grpo.checkpoints import MANIFEST
+from hf_grpo.checkpoints import MANIFEST, newest_complete, problem
 
 from .helpers.common import REPO
-from .test_generation import COMMON, RUN_MARK, free_port, kill_marked, wait_until
+from .test_generation import COMMON, RUN_MARK, free_port, kill_marked, marked_processes, wait_until
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 MAIN = "10.77.0.1"
+TINY = [
+    *COMMON,
+    "--per_device_train_batch_size",
+    "8",
+    "--accelerate_config",
+    "cpu",
+    "--num_processes",
+    "2",
+    "--task_eval_steps",
+    "0",
+]
+SAVE_EVERY_STEP = ["--save_strategy", "steps", "--save_steps", "1", "--eval_before_after", "false"]
+MINIATURE = ["recipes/qwen7b-lora-2node.yaml", "--miniature", "--eval_before_after", "false"]
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
@@ -38,6 +60,7 @@ def nodes():
         pytest.skip("needs root and iproute2 to create network namespaces")
     tag = f"{os.getpid() % 100000}"
     made = [(f"hfg{tag}n{i}", f"hfg{tag}v{i}") for i in range(2)]
+    etc = [Path("/etc/netns") / ns for ns, _ in made]
     try:
         for ns, _ in made:
             if _ip("netns", "add", ns).returncode != 0:
@@ -49,31 +72,59 @@ def nodes():
         for step in steps:
             done = _ip(*step)
             assert done.returncode == 0, f"ip {' '.join(step)}: {done.stderr}"
+        for folder in etc:  # `ip netns exec` mounts these over /etc/hosts: the hostname on loopback, as Debian's
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n")
         yield made
     finally:
         for ns, _ in made:
             _ip("netns", "del", ns)  # takes its end of the veth pair with it
+        for folder in etc:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def start(node, rank: int, out, port: int, mark: str, *extra: str) -> subprocess.Popen:
-    """Node ``rank``'s command in its namespace; its processes carry ``RUN_MARK=mark-rank``."""
+def start(node, rank: int, out, port: int, mark: str, *extra: str, recipe=TINY, env=None) -> subprocess.Popen:
+    """Node ``rank``'s command in its namespace; its processes carry ``RUN_MARK=mark-rank``. ``env``: more (or,
+    as None, fewer) variables than ``GLOO_SOCKET_IFNAME`` set to the node's interface."""
     ns, dev = node
     argv = [
-        "ip", "netns", "exec", ns, sys.executable, "-m", "hf_grpo.train", *COMMON, "--max_steps", "2",
-        "--save_strategy", "steps", "--save_steps", "1", "--eval_before_after", "false", "--task_eval_steps", "0",
-        "--report_to", "none", "--per_device_train_batch_size", "8", "--accelerate_config", "cpu",
-        "--num_machines", "2", "--num_processes", "2", "--output_dir", str(out),
+        "ip", "netns", "exec", ns, sys.executable, "-m", "hf_grpo.train", *recipe, "--max_steps", "2",
+        "--report_to", "none", "--num_machines", "2", "--output_dir", str(out),
         "--machine_rank", str(rank), "--main_process_ip", MAIN, "--main_process_port", str(port), *extra,
     ]  # fmt: skip
-    env = {**os.environ, RUN_MARK: f"{mark}-{rank}", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": dev}
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    full = {**os.environ, RUN_MARK: f"{mark}-{rank}", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": dev}
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    return subprocess.Popen(argv, cwd=REPO, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def both(nodes, outs, mark: str, *extra: str) -> list[tuple[int, str]]:
+def both(nodes, outs, mark: str, *extra: str, **options) -> list[tuple[int, str]]:
     """Start node 0 and node 1 at once; (exit status, stderr) of each, node 0 first."""
     port = free_port()
-    runs = [start(node, rank, outs[rank], port, mark, *extra) for rank, node in enumerate(nodes)]
-    return [(run.wait(timeout=600), run.stderr.read()) for run in runs]
+    runs = [start(node, rank, outs[rank], port, mark, *extra, **options) for rank, node in enumerate(nodes)]
+    return finish(runs, 900)
+
+
+def finish(runs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
+    """(exit status, stderr) of each run, read side by side: a node blocked on a full stderr pipe never waits for
+    this test to read the other's."""
+
+    def one(run):
+        err = run.communicate(timeout=timeout)[1]
+        return run.returncode, err
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(one, runs))
+
+
+def one_error(err: str, starts: str) -> str:
+    """The single ``hf_grpo: error:`` line of ``err``, which must start with ``hf_grpo: error: <starts>``."""
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"hf_grpo: error: {starts}"), err[-4000:]
+    return lines[0]
 
 
 @pytest.mark.timeout(1500)
@@ -81,57 +132,154 @@ def test_two_nodes_train_then_refuse_a_resume_without_a_shared_output_dir(nodes,
     mark = f"nodes-{os.getpid()}-{time.monotonic_ns()}"
     shared = tmp_path / "shared"
     try:
-        results = both(nodes, [shared, shared], mark)
+        results = both(nodes, [shared, shared], mark, *SAVE_EVERY_STEP)
         for rank, (code, err) in enumerate(results):
             assert code == 0, f"node {rank}: {err[-3000:]}"
         assert (shared / "checkpoint-2").is_dir() and (shared / "adapter_model.safetensors").is_file()
-        results = both(nodes, [shared, shared], mark, "--max_steps", "3", "--resume_from_checkpoint", "auto")
+        results = both(
+            nodes, [shared, shared], mark, *SAVE_EVERY_STEP, "--max_steps", "3", "--resume_from_checkpoint", "auto"
+        )
         for rank, (code, err) in enumerate(results):  # node 1 neither refuses on node 0's lock nor resumes alone
             assert code == 0, f"node {rank}: {err[-3000:]}"
         assert (shared / "checkpoint-3" / MANIFEST).is_file()
         assert "resuming from" in results[0][1] and str(shared / "checkpoint-2") in results[0][1]
 
         own = [tmp_path / "node0", tmp_path / "node1"]
-        results = both(nodes, own, mark)  # each node its own output_dir: only node 0's holds checkpoints
+        results = both(
+            nodes, own, mark, *SAVE_EVERY_STEP
+        )  # each node its own output_dir: only node 0's holds checkpoints
         assert [code for code, _ in results] == [0, 0], [err[-2000:] for _, err in results]
-        # node 1 holds only its own fragments of each checkpoint (rank 1's RNG and sampling state), never complete
-        assert (own[0] / "checkpoint-2" / MANIFEST).is_file() and not (own[1] / "checkpoint-2" / MANIFEST).exists()
+        # each node holds only its own processes' files, and each manifest lists both nodes': neither is complete
+        for rank in (0, 1):
+            assert (own[rank] / "checkpoint-2" / MANIFEST).is_file()
+            assert "is missing" in (problem(own[rank] / "checkpoint-2", 2) or ""), rank
         started = time.monotonic()
-        results = both(nodes, own, mark, "--max_steps", "3", "--resume_from_checkpoint", "auto")
+        results = both(nodes, own, mark, *SAVE_EVERY_STEP, "--max_steps", "3", "--resume_from_checkpoint", "auto")
         took = time.monotonic() - started
     finally:
         for rank in (0, 1):
             kill_marked(f"{mark}-{rank}")
-    for rank, (code, err) in enumerate(results):  # node 1 found only fragments: both stop, naming it and the fix
+    texts = []
+    for rank, (code, err) in enumerate(results):  # each node found only its own files: both stop with the same line
         assert code != 0, f"node {rank} resumed: {err[-3000:]}"
-        lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error: process 1 (on ")]
-        assert len(lines) == 1, f"node {rank}: {err[-3000:]}"
-        assert "node1" in lines[0] and "none can be resumed" in lines[0] and "filesystem they all share" in lines[0]
+        line = one_error(err, "process 0 (on ")
+        assert "is missing" in line and "none can be resumed" in line and "filesystem they all share" in line, line
+        texts.append(line)
+    assert texts[0] == texts[1]
     print(f"resume refused on both nodes in {took:.0f} s")
 
 
-@pytest.mark.timeout(900)
-def test_a_killed_node_ends_the_other_with_one_line(nodes, tmp_path):
-    """Node 1 SIGKILLed mid-run (its launcher and training process): node 0 ends on its own, soon, saying in one
-    ``hf_grpo: error:`` line that it lost a peer, instead of a bare echo of the collective's error."""
-    mark, out = f"killed-{os.getpid()}-{time.monotonic_ns()}", tmp_path / "shared"
-    port = free_port()
-    runs = [start(node, rank, out, port, mark, "--max_steps", "500") for rank, node in enumerate(nodes)]
+def test_a_hostname_on_loopback_stops_both_nodes_before_any_collective_naming_the_fix(nodes, tmp_path):
+    mark = f"loopback-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        history = out / "training_history.json"
-        assert wait_until(lambda: history.is_file() or any(r.poll() is not None for r in runs), 300)
-        assert all(r.poll() is None for r in runs), [r.stderr.read()[-2000:] for r in runs if r.poll() is not None]
-        kill_marked(f"{mark}-1")
-        killed = time.monotonic()
-        code = runs[0].wait(timeout=300)  # bounded by gloo seeing the closed connection, not by a guessed time
-        took = time.monotonic() - killed
-        err = runs[0].stderr.read()
+        results = both(nodes, [tmp_path, tmp_path], mark, env={"GLOO_SOCKET_IFNAME": None})
     finally:
         for rank in (0, 1):
             kill_marked(f"{mark}-{rank}")
+    for code, err in results:
+        assert code != 0, err[-3000:]
+        line = one_error(err, "recipes/tiny.yaml")
+        assert "resolves to a loopback address" in line and "GLOO_SOCKET_IFNAME=" in line, line
+        assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.timeout(1500)
+def test_a_killed_main_node_ends_the_other_in_one_line_and_the_run_resumes_over_its_lock(nodes, tmp_path):
+    """Node 0 SIGKILLed mid-run (launcher and training process; its lock stays in the shared output_dir): node 1
+    ends on its own, saying in one line that it lost a peer; then both resume from the newest complete checkpoint."""
+    mark, out = f"killed-{os.getpid()}-{time.monotonic_ns()}", tmp_path / "shared"
+    port = free_port()
+    runs = [start(node, r, out, port, mark, *SAVE_EVERY_STEP, "--max_steps", "500") for r, node in enumerate(nodes)]
+    try:
+        assert wait_until(
+            lambda: newest_complete(out, 2)[0] is not None or any(r.poll() is not None for r in runs), 600
+        )
+        assert all(r.poll() is None for r in runs), [r.stderr.read()[-2000:] for r in runs if r.poll() is not None]
+        kill_marked(f"{mark}-0")
+        killed = time.monotonic()
+        code = runs[1].wait(timeout=600)  # bounded by gloo seeing the closed connection, not by a guessed time
+        took = time.monotonic() - killed
+        err = runs[1].stderr.read()
+        assert code != 0, err[-3000:]
+        line = one_error(err, "lost contact")
+        assert "resume with: " in line and "--machine_rank 1" in line and "Traceback" not in err, err[-4000:]
+        assert (out / "hf_grpo.lock").is_file()  # node 0's, left by the kill
+        saved, _ = newest_complete(out, 2)
+        step = int(saved.name.split("-")[1])
+        resumed = both(
+            nodes, [out, out], mark, *SAVE_EVERY_STEP, "--max_steps", str(step + 1), "--resume_from_checkpoint", "auto"
+        )
+    finally:
+        for rank in (0, 1):
+            kill_marked(f"{mark}-{rank}")
+    for rank, (code, err) in enumerate(resumed):
+        assert code == 0, f"node {rank}: {err[-3000:]}"
+    assert f"resuming from {saved}" in resumed[0][1] and (out / f"checkpoint-{step + 1}" / MANIFEST).is_file()
+    print(f"node 1 ended {took:.1f} s after node 0 was killed; both resumed from {saved.name}")
+
+
+@pytest.mark.timeout(900)
+def test_a_node_that_stops_answering_ends_the_other_after_ddp_timeout(nodes, tmp_path):
+    """Node 1 frozen (SIGSTOP: its connections stay open, as a machine whose link went down): node 0 waits
+    ``ddp_timeout`` in its next collective, not transformers' 30 minutes, then ends with one line."""
+    mark, out, timeout = f"stopped-{os.getpid()}-{time.monotonic_ns()}", tmp_path / "shared", 45
+    port = free_port()
+    extra = ["--max_steps", "500", "--ddp_timeout", str(timeout)]
+    runs = [start(node, rank, out, port, mark, *extra) for rank, node in enumerate(nodes)]
+    history = out / "training_history.json"
+    try:
+        assert wait_until(lambda: history.is_file() or any(r.poll() is not None for r in runs), 600)
+        assert all(r.poll() is None for r in runs), [r.stderr.read()[-2000:] for r in runs if r.poll() is not None]
+        for pid in marked_processes(f"{mark}-1"):
+            os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        code = runs[0].wait(timeout=600)
+        took = time.monotonic() - stopped
+        err = runs[0].stderr.read()
+    finally:
+        for rank in (0, 1):
+            kill_marked(f"{mark}-{rank}")  # SIGKILL ends stopped processes too
     assert code != 0, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error: lost contact")]
-    assert len(lines) == 1, err[-4000:]
-    assert "resume with: " in lines[0] and "--machine_rank 0" in lines[0], lines[0]
-    assert "Traceback" not in err and " by peer" in lines[0], err[-4000:]  # gloo: reset or closed by peer
-    print(f"node 0 ended {took:.1f} s after node 1 was killed")
+    line = one_error(err, "lost contact")
+    assert f"Timed out waiting {timeout * 1000}ms" in line and "hung" in line, line  # gloo used ddp_timeout
+    print(f"node 0 ended {took:.1f} s after node 1 stopped answering (ddp_timeout {timeout} s)")
+
+
+@pytest.mark.timeout(2400)
+def test_the_two_node_miniature_trains_with_a_cold_cache_per_node_and_refuses_a_per_node_resume(nodes, tmp_path):
+    """The 2-node miniature (DeepSpeed ZeRO over gloo) with nothing shared: each node builds the miniature's model
+    into its own empty cache (node 1's processes are not global rank 0) and writes its own output_dir; resuming
+    then needs files from both nodes, so both stop with one line instead of DeepSpeed failing on node 1."""
+    mark = f"mini-{os.getpid()}-{time.monotonic_ns()}"
+    own = [tmp_path / "node0", tmp_path / "node1"]
+    try:
+        started = time.monotonic()
+        results = []
+        port = free_port()
+        runs = [
+            start(node, r, own[r], port, mark, recipe=MINIATURE, env={"HF_GRPO_CACHE": str(tmp_path / f"cache{r}")})
+            for r, node in enumerate(nodes)
+        ]
+        results = finish(runs, 1800)
+        took = time.monotonic() - started
+        for rank, (code, err) in enumerate(results):
+            assert code == 0, f"node {rank}: {err[-3000:]}"
+        for rank in (0, 1):
+            assert list((tmp_path / f"cache{rank}").glob("miniature/*/model/model.safetensors")), rank
+        assert (own[0] / "adapter_model.safetensors").is_file()
+        resume = ["--max_steps", "3", "--resume_from_checkpoint", "auto"]
+        env = [{"HF_GRPO_CACHE": str(tmp_path / f"cache{r}")} for r in (0, 1)]
+        port = free_port()
+        runs = [
+            start(node, r, own[r], port, mark, *resume, recipe=MINIATURE, env=env[r]) for r, node in enumerate(nodes)
+        ]
+        refused = finish(runs, 900)
+    finally:
+        for rank in (0, 1):
+            kill_marked(f"{mark}-{rank}")
+    for rank, (code, err) in enumerate(refused):
+        assert code != 0, f"node {rank} resumed: {err[-3000:]}"
+        line = one_error(err, "process ")
+        assert "is missing" in line or "none can be resumed" in line, line
+        assert "filesystem they all share" in line, line
+    print(f"2-node miniature with cold caches trained in {took:.0f} s; per-node resume refused on both")

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -110,8 +111,10 @@ class Assets:
     model_dir: Path
     files: dict[str, str]  # "<hub id>:<split>" -> local file
 
-    def exists(self) -> bool:
-        return (self.root / "COMPLETE").is_file()
+    def exists(self) -> bool:  # the model's files too: a cache from before the fix below lacked them on other nodes
+        return all(
+            (self.root / name).is_file() for name in ("COMPLETE", "model/config.json", "model/model.safetensors")
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -266,13 +269,23 @@ def _build(spec: AssetSpec, root: Path) -> None:
     ]
     model, tokenizer = _tiny_model(spec, examples, rows_by_split)
     warm_start(model, tokenizer, WARM_START_STEPS, lr=WARM_START_LR, seed=spec.seed, examples=examples)
-    model.save_pretrained(root / "model")  # safetensors
+    save_model(model, root / "model")
     tokenizer.save_pretrained(root / "model")
     (root / "spec.json").write_text(json.dumps({"version": ASSETS_VERSION, **asdict(spec)}, indent=2))
     (root / "COMPLETE").write_text("")
     params = sum(p.numel() for p in model.parameters())
     message = "miniature: built a %s model (%d parameters) and %d data file(s) in %.1f s under %s"
     logger.info(message, spec.family, params, len(spec.splits), time.perf_counter() - start, root)
+
+
+def save_model(model, folder: Path) -> None:
+    """The model as ``from_pretrained`` reads it (config, generation config, safetensors weights), written by this
+    process whatever its rank. ``save_pretrained`` writes nothing on a process other than global rank 0 once a
+    process group has started, and each machine builds its own cache: node 1's would get no model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    safetensors.torch.save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _tiny_model(spec: AssetSpec, examples: list, rows_by_split: dict):

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .. import local_models
 from .. import miniature as miniatures
 from ..config import HfGRPOConfig, ModelArguments
@@ -16,7 +18,14 @@ from ..hardware import auto_backend
 from ..launch import inside_launch
 from ..miniature import Miniature
 from ..miniature.assets import ensure_assets
-from ..process_layout import LaunchArguments, Layout, resolve_layout, shipped_dir, unnamed_node_message
+from ..process_layout import (
+    LaunchArguments,
+    Layout,
+    loopback_host_problem,
+    resolve_layout,
+    shipped_dir,
+    unnamed_node_message,
+)
 from ..rewards import RewardArguments
 from . import checks, checks_env
 from .command_line import apply_overrides, split_argv
@@ -189,6 +198,8 @@ def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None
         raise RecipeError(f"{where}: machine_rank is {rank}, but num_machines is {machines}: use 0 to {machines - 1}")
     if for_run and machines > 1 and miniature is None and not inside_launch() and not layout.names_node():
         raise RecipeError(f"{where}: {unnamed_node_message(machines)}")
+    if for_run and (problem := loopback_host_problem(layout, gloo=not torch.cuda.is_available())):
+        raise RecipeError(f"{where}: {problem}")  # before any process group waits on an address no peer reaches
     if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
         layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     return layout
