@@ -4,6 +4,7 @@
     hf-grpo eval OUTPUT_DIR [--output per_example.jsonl ...]                # = python -m hf_grpo.evaluate
     hf-grpo push OUTPUT_DIR me/name [--merged]                              # = python -m hf_grpo.hub
     hf-grpo report OUTPUT_DIR                                               # = python -m hf_grpo.evaluation.report
+    hf-grpo recipes ls | cp NAME [DEST]                                     # the shipped recipes, by name
 
 A subcommand is its module's ``main(argv, prog)``, given the rest of the command line and ``prog="hf-grpo NAME"``,
 so its ``--help`` names it. ``hf-grpo-train`` is kept as an alias of ``hf-grpo train``.
@@ -25,6 +26,10 @@ COMMANDS = {
         "push a finished run, with its model card, to the Hugging Face Hub (python -m hf_grpo.hub)",
     ),
     "report": ("hf_grpo.evaluation.report", "rebuild a finished run's training_curves.png, summary.md and model card"),
+    "recipes": (
+        "hf_grpo.recipe.shipped",
+        "list the shipped recipes, or copy one to edit (hf-grpo recipes ls | cp NAME [DEST])",
+    ),
     "model": (
         "hf_grpo.local_models",
         (

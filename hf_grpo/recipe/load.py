@@ -27,7 +27,7 @@ from ..process_layout import (
     unnamed_node_message,
 )
 from ..rewards import RewardArguments
-from . import checks, checks_env
+from . import checks, checks_env, shipped
 from .command_line import apply_overrides, split_argv
 from .plan import batch_plan
 from .schema import NESTED, SECTIONS, BatchPlan, Recipe, RecipeError, field_index, key_defaults, section_values
@@ -104,7 +104,8 @@ def _recipe_path(path_arg: str | None, overrides: dict) -> tuple[Path, str]:
             f"recipes/qwen7b.yaml --model_name_or_path {model_override}`) or write your own"
         )
     if path_arg:
-        return Path(path_arg), str(Path(path_arg))
+        named = shipped.find(path_arg) if not Path(path_arg).exists() else None  # a path that exists wins
+        return (named, str(named)) if named is not None else (Path(path_arg), str(Path(path_arg)))
     return default_recipe_path(), f"tiny default ({DEFAULT_RECIPE}, no recipe given)"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from .schema import RecipeError
+from .shipped import names_hint
 from .values import shown
 
 
@@ -128,7 +129,7 @@ def _read_text(path: Path) -> str:
             f"recipe path {shown(str(path))} is a directory; pass a recipe file such as {path}/tiny.yaml"
         )
     if not path.is_file():
-        raise RecipeError(f"recipe file {shown(str(path))} does not exist; pass a path such as recipes/tiny.yaml")
+        raise RecipeError(f"recipe file {shown(str(path))} does not exist; pass a path to one, or {names_hint()}")
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
