@@ -1,4 +1,4 @@
-"""Bad data (issue 21 #7): a prompt column that holds neither text nor chat messages stops the run at data load with
+"""Bad data: a prompt column that holds neither text nor chat messages stops the run at data load with
 exit 2 and one line naming the column, the row and the type, instead of training on stringified prompts."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_a_null_prompt_in_a_text_column_is_refused():
 
 
 def test_a_bad_prompt_is_named_by_its_row_in_the_file_before_the_split_shuffles_it(tmp_path):
-    """Issue 31: with eval_split_size the rows were shuffled first, and a null at file row 116 was "row 8"."""
+    """With eval_split_size the rows were shuffled first, and a null at file row 116 was "row 8"."""
     prompts = [MESSAGES] * 200
     prompts[116] = None
     data = write_jsonl(tmp_path / "null.jsonl", prompts)
@@ -75,7 +75,7 @@ def test_a_bad_prompt_is_named_by_its_row_in_the_file_before_the_split_shuffles_
 
 
 def test_a_csv_that_is_not_utf8_exits_2_naming_the_file_and_the_fix(tmp_path, capsys):
-    """Issue 31: a spreadsheet's cp1252 CSV ended in datasets' DatasetGenerationError traceback."""
+    """A spreadsheet's cp1252 CSV ended in datasets' DatasetGenerationError traceback."""
     data = tmp_path / "cp1252.csv"
     data.write_bytes('q,a\n"Caf\u00e9 sells 3 + 4 cakes?","#### 7"\n'.encode("cp1252"))
     argv = [TINY, "--dataset_name", str(data), "--prompt_column", "q", "--solution_column", "a", "--task", "gsm8k"]
@@ -102,7 +102,7 @@ def unwritable_folder(tmp_path) -> str | None:
 
 
 def test_a_read_only_datasets_cache_exits_2_before_the_model_loads(tmp_path):
-    """Issue 31: a read-only HF_HOME / datasets cache ended in a PermissionError traceback from datasets."""
+    """A read-only HF_HOME / datasets cache ended in a PermissionError traceback from datasets."""
     cache = unwritable_folder(tmp_path)
     if cache is None:
         pytest.skip("no folder here refuses this process a write")
@@ -137,7 +137,7 @@ def test_text_jsonl_still_loads(tmp_path):
 
 
 def test_empty_and_whitespace_prompts_are_dropped_with_a_warning(tmp_path, caplog):
-    """Issue 31: 20 % empty or whitespace-only prompts trained silently (on the template alone)."""
+    """20 % empty or whitespace-only prompts trained silently (on the template alone)."""
     prompts = ["What is 1 + 1?", "", "What is 2 + 2?", "  \n\t", "What is 3 + 3?"] * 2
     data = write_jsonl(tmp_path / "blank.jsonl", prompts)
     args = DataArguments(dataset_name=data, prompt_column="q", solution_column="a", task="gsm8k")
@@ -155,7 +155,7 @@ def test_empty_and_whitespace_prompts_are_dropped_with_a_warning(tmp_path, caplo
 def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_refused_before_the_model_loads(
     tmp_path, capsys, monkeypatch
 ):
-    """Issue 31: a tokenizer with no chat template and a conversational dataset failed after the model loaded."""
+    """A tokenizer with no chat template and a conversational dataset failed after the model loaded."""
     import transformers
 
     from hf_grpo.tiny import build_model, build_tokenizer

@@ -20,7 +20,7 @@ RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 BASE = "model_name_or_path: tiny\ndataset_name: arithmetic\nreport_to: none\n"
 TINY_SIZES = ["--generation.max_model_len", "256", "--max_completion_length", "128"]  # within the tiny model's 256
 VLLM_SERVER = ["--generation.backend", "vllm_server"]
-# lists of 9 aliases, 7 levels deep: 4.8 million strings once expanded (issue 21 #6: a 254 MB error line)
+# lists of 9 aliases, 7 levels deep: 4.8 million strings once expanded (echoed whole, a 254 MB error line)
 ALIAS_BOMB = "lora_target_modules:\n  - &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 7)
 )
@@ -95,7 +95,7 @@ OVERRIDES = [
     ("reward-unknown", ["--reward_funcs", "[nosuch_reward]"], "nosuch_reward"),
     ("tiny-hidden-0", ["--tiny_hidden_size", "0"], "tiny_hidden_size"),
     ("hub-token", ["--hub_token", "hf_abc"], "hub_token"),
-    # issue 21 #9: values that passed the check and failed (or hung) later
+    # Values that passed the check and failed (or hung) later
     ("hub-model-id-list", ["--hub_model_id", "[hf_abc]"], "hub_model_id '[hf_abc]' is not a Hub repository id"),
     ("hub-model-id-space", ["--hub_model_id", "me/my model"], "hub_model_id"),
     ("hub-model-id-3-parts", ["--hub_model_id", "a/b/c"], "hub_model_id"),
@@ -186,7 +186,7 @@ def test_bad_recipe_file_is_refused(text, mention, tmp_path, capsys):
 
 @pytest.mark.parametrize(("char", "name"), [("\u00a0", "a no-break space (U+00A0)"), ("\t", "a tab")])
 def test_indentation_that_is_not_spaces_names_its_own_line(char, name, tmp_path, capsys):
-    """Issue 31: a no-break space in an indentation (pasted from a web page) was refused naming the next line."""
+    """A no-break space in an indentation (pasted from a web page) was refused naming the next line."""
     path = tmp_path / "bad.yaml"
     lines = BASE.splitlines() + ["generation:", f"{char} backend: transformers", "seed: 3"]
     path.write_text("\n".join(lines) + "\n")
@@ -195,7 +195,7 @@ def test_indentation_that_is_not_spaces_names_its_own_line(char, name, tmp_path,
 
 
 def test_a_model_folder_without_config_or_weights_is_refused_before_loading(tmp_path, capsys):
-    """Issue 31: an empty model folder, or one with a config and no weights, failed in from_pretrained."""
+    """An empty model folder, or one with a config and no weights, failed in from_pretrained."""
     folder = tmp_path / "model"
     folder.mkdir()
     argv = [TINY, "--dry-run", "--model_name_or_path", str(folder)]
@@ -205,7 +205,7 @@ def test_a_model_folder_without_config_or_weights_is_refused_before_loading(tmp_
 
 
 def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
-    """Issue 21 #6: an alias bomb in a list value was refused with a 254 MB error line (1.2 GB RSS)."""
+    """An alias bomb in a list value was refused with a 254 MB error line (1.2 GB RSS)."""
     import tracemalloc
 
     path = tmp_path / "bomb.yaml"
@@ -221,13 +221,13 @@ def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
 
 
 def test_a_long_value_is_shortened_in_the_error(tmp_path, capsys):
-    """Issue 21 #6: what an error echoes is bounded (a 1 MB string is not printed whole)."""
+    """What an error echoes is bounded (a 1 MB string is not printed whole)."""
     line = assert_refused([TINY, "--dry-run", "--seed", "x" * 1_000_000], capsys, "seed")
     assert len(line) < 1000 and "1000000 characters" in line, line[:2000]
 
 
 def test_yaml_merge_keys_are_read(tmp_path, capsys):
-    """Issue 21 #6: `<<: *base` failed with "could not determine a constructor for the tag ...merge"."""
+    """`<<: *base` failed with "could not determine a constructor for the tag ...merge"."""
     from hf_grpo.recipe import load_recipe
     from hf_grpo.recipe.yaml12 import load_yaml
 
@@ -241,13 +241,13 @@ def test_yaml_merge_keys_are_read(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["--config", "--dry-run"], ["--config=", "--dry-run"], ["--config"]])
 def test_a_flag_is_never_the_recipe_path(argv, capsys):
-    """Issue 21 #6: `--config --dry-run` took `--dry-run` as the recipe path."""
+    """`--config --dry-run` took `--dry-run` as the recipe path."""
     line = assert_refused(argv, capsys, "--config needs a recipe file")
     assert "'--dry-run' does not exist" not in line
 
 
 def test_output_dir_in_a_read_only_directory(tmp_path, capsys):
-    """Issue 21 #9: an output_dir under a read-only location failed in train.py with a traceback; nothing is
+    """An output_dir under a read-only location failed in train.py with a traceback; nothing is
     created by the check."""
     import os
 
@@ -403,7 +403,7 @@ def test_real_run_refuses_before_loading_subprocess(tmp_path, import_seconds):
     ids=["no-repo", "no-token", "offline", "hub-strategy"],
 )
 def test_a_push_that_would_fail_after_training_is_refused_before(overrides, environment, mention, capsys, monkeypatch):
-    """Issue 12 #3: push_to_hub without HF_TOKEN trained to the end and then failed (HubUsageError, exit 1);
+    """push_to_hub without HF_TOKEN trained to the end and then failed (HubUsageError, exit 1);
     hub_strategy was silently ignored."""
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
@@ -425,7 +425,7 @@ def test_a_push_that_would_fail_after_training_is_refused_before(overrides, envi
     ],
 )
 def test_a_renamed_or_removed_key_names_its_replacement(key, value, replacement, tmp_path, capsys):
-    """Issue 12 #1: open-r1 / older TRL recipes were refused with a wrong hint (torch_dtype -> torch_compile,
+    """open-r1 / older TRL recipes were refused with a wrong hint (torch_dtype -> torch_compile,
     overwrite_output_dir -> output_dir)."""
     assert_refused([TINY, "--dry-run", f"--{key}", value], capsys, replacement)
     recipe = tmp_path / "openr1.yaml"
@@ -434,7 +434,7 @@ def test_a_renamed_or_removed_key_names_its_replacement(key, value, replacement,
 
 
 def test_space_separated_lists_on_the_command_line(capsys):
-    """Issue 12 #1: `--help` (TRL's parser) shows `--reward_funcs REWARD_FUNCS [REWARD_FUNCS ...]`, but a second value
+    """`--help` (TRL's parser) shows `--reward_funcs REWARD_FUNCS [REWARD_FUNCS ...]`, but a second value
     was an 'unexpected argument'."""
     from hf_grpo.recipe import load_recipe
 
@@ -449,7 +449,7 @@ def test_space_separated_lists_on_the_command_line(capsys):
 
 
 def test_a_real_model_without_a_recipe_asks_for_one(capsys):
-    """Issue 12 #2: `--model_name_or_path Qwen/... --dataset_name ...` with no recipe silently took the tiny recipe's
+    """`--model_name_or_path Qwen/... --dataset_name ...` with no recipe silently took the tiny recipe's
     learning rate 2e-3, max_completion_length 16, batch 128 and LoRA r16."""
     assert_refused(["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--dry-run"], capsys, "without a recipe")
     from hf_grpo.recipe import load_recipe
@@ -493,7 +493,7 @@ def test_lora_targets_reach_peft_in_a_form_it_applies(argv, adapted):
 
 
 def test_a_hub_dataset_without_the_columns_stops_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    """Issue 12 #3: a dataset whose columns were not what the recipe says passed --dry-run and died after the model
+    """A dataset whose columns were not what the recipe says passed --dry-run and died after the model
     was built. A hub dataset's columns are known only once it loads; it now loads before the model."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     mirror = tmp_path / "split.jsonl"
@@ -507,7 +507,7 @@ def test_a_hub_dataset_without_the_columns_stops_before_the_model_loads(tmp_path
 
 
 def test_the_arithmetic_loader_refuses_a_split_it_does_not_have():
-    """Issue 11 #7: any split name but train was read as the held-out split of the embedded data."""
+    """Any split name but train was read as the held-out split of the embedded data."""
     from hf_grpo.data.loaders import DataArguments, _load_raw
 
     args = DataArguments(dataset_name="arithmetic", arithmetic_eval_size=16)

@@ -1,4 +1,4 @@
-"""Checkpoint completeness (issue 14, issue 11 #3): the manifest written after every process has saved, and which
+"""Checkpoint completeness: the manifest written after every process has saved, and which
 checkpoint ``resume_from_checkpoint`` takes when the newest one is incomplete, damaged or from another process count."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Killed(BaseException):
 def test_a_save_killed_before_it_completes_keeps_the_previous_checkpoint_with_save_total_limit_1(
     tmp_path, monkeypatch
 ):
-    """Issue 31: with save_total_limit 1 transformers deleted checkpoint-1 inside its _save_checkpoint of
+    """With save_total_limit 1 transformers deleted checkpoint-1 inside its _save_checkpoint of
     checkpoint-2, before hf_grpo marked checkpoint-2 complete: a kill in between left nothing to resume from, and
     `resume auto` started again from step 0. Now the rotation runs once checkpoint-2 is complete."""
     from hf_grpo import trainer as trainer_module
@@ -142,7 +142,7 @@ def test_a_dynamic_sampling_checkpoint_resumes_only_on_as_many_processes(run_dir
 
 
 def test_auto_over_checkpoints_it_cannot_use_stops_instead_of_starting_over(run_dir):
-    """Issue 31: `resume auto` over checkpoints it could not use (all incomplete, or another process count) warned
+    """`resume auto` over checkpoints it could not use (all incomplete, or another process count) warned
     and trained from step 0, overwriting them; now it stops naming why and the ways out."""
     with pytest.raises(CheckpointError, match=r"none can be resumed from .*checkpoint-3.*num_processes: 1.*delete"):
         resolve_resume("auto", str(run_dir), 2)  # a 1-process run's dynamic-sampling checkpoints, 2 processes
@@ -180,7 +180,7 @@ SLOW_SAVE_HOOK = REPO / "tests" / "scripts" / "slow_checkpoint"
 @pytest.mark.subprocess
 @pytest.mark.slow  # three whole launches (about 90 s)
 def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and_resumes(policy_dir, tmp_path):
-    """Issue 14 (acceptance 2) and issue 11 #3: SIGTERM of the launcher while the vLLM server starts, then while the
+    """SIGTERM of the launcher while the vLLM server starts, then while the
     training processes write a checkpoint, leaves no process; ``auto`` then skips the half-written checkpoint (the
     old resume picked it and failed on its missing trainer_state.json) and continues from the previous one."""
     mark = f"ckpt-{os.getpid()}-{time.monotonic_ns()}"
@@ -241,7 +241,7 @@ def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and
 
 
 def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_path):
-    """Issue 23 #1: a checkpoint without a task evaluation no longer stops the run; it is kept unranked while it is
+    """A checkpoint without a task evaluation no longer stops the run; it is kept unranked while it is
     the newest (to resume from) and deleted with the ranked-out ones after that."""
     from hf_grpo.checkpoints import SCORES_FILE, keep_best
 
@@ -252,7 +252,7 @@ def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_
     assert save(2, 0.5) == {"checkpoint-2": 0.5}
     assert save(3, None) == {"checkpoint-2": 0.5, "checkpoint-3": None}  # the last step, not evaluated
     # checkpoint-3 was unranked and is no longer the newest; checkpoint-4 ranks below the best 1 but is the newest:
-    # kept to resume from (issue 31: deleting it sent `resume auto` back to the peak step, retraining what followed)
+    # kept to resume from (deleting it would send `resume auto` back to the peak step, retraining what followed)
     assert save(4, 0.25) == {"checkpoint-2": 0.5, "checkpoint-4": 0.25}
     assert save(6, 0.75) == {"checkpoint-6": 0.75}
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"]
@@ -261,7 +261,7 @@ def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_
 
 
 def test_checkpoint_scores_are_replaced_whole_never_rewritten_in_place(tmp_path, monkeypatch):
-    """Issue 23 #7: rank 0 rewrote ``checkpoint_scores.json`` in place (``open(path, "w")``) while other ranks read
+    """Rank 0 rewrote ``checkpoint_scores.json`` in place (``open(path, "w")``) while other ranks read
     it. Now only rank 0 touches it (``_save_checkpoint`` calls ``keep_best`` under ``should_save``) and it writes a
     temporary file that ``os.replace`` puts in place, so a reader sees the old ranking or the new one, never half."""
     import builtins
@@ -293,7 +293,7 @@ def test_checkpoint_scores_are_replaced_whole_never_rewritten_in_place(tmp_path,
 
 
 def test_a_checkpoint_path_with_a_tilde_is_expanded(run_dir, monkeypatch):
-    """Issue 23 #8: `resume_from_checkpoint: ~/...` was refused, its message naming the same checkpoint as the
+    """`resume_from_checkpoint: ~/...` was refused, its message naming the same checkpoint as the
     newest complete one."""
     monkeypatch.setenv("HOME", str(run_dir.parent))
     resumed = resolve_resume(f"~/{run_dir.name}/checkpoint-3", str(run_dir), 1)
@@ -301,7 +301,7 @@ def test_a_checkpoint_path_with_a_tilde_is_expanded(run_dir, monkeypatch):
 
 
 def test_a_checkpoint_keeps_the_recipe_it_was_trained_with_and_says_when_it_is_finished(tmp_path):
-    """Issue 21 #4, #5: the resume compares this recipe (listed in the manifest, so checked like every file) with the
+    """The resume compares this recipe (listed in the manifest, so checked like every file) with the
     current one, and a checkpoint at max_steps is a finished run."""
     from hf_grpo.checkpoints import finished_step, recipe_changes, saved_recipe_path, write_manifest
 
@@ -326,7 +326,7 @@ def test_a_checkpoint_keeps_the_recipe_it_was_trained_with_and_says_when_it_is_f
 
 
 def test_the_tiny_models_seed_and_warm_start_fix_what_a_checkpoint_resumes():
-    """Issue 31: the tiny model is built and warm-started from the seed, so a checkpoint resumed with another seed or
+    """The tiny model is built and warm-started from the seed, so a checkpoint resumed with another seed or
     warm start put its adapter on another base model, with only a warning; for a real model the seed is free."""
     from hf_grpo.checkpoints import recipe_changes
 
@@ -339,7 +339,7 @@ def test_the_tiny_models_seed_and_warm_start_fix_what_a_checkpoint_resumes():
 
 
 def test_a_weights_only_checkpoint_is_resumed_with_a_warning(run_dir, caplog):
-    """Issue 31: a `save_only_model: true` checkpoint (no optimizer, scheduler or RNG state) was resumed as if exact,
+    """A `save_only_model: true` checkpoint (no optimizer, scheduler or RNG state) was resumed as if exact,
     with no word said; the losses then differ from an uninterrupted run."""
     for name in ("optimizer.pt", "scheduler.pt"):
         (run_dir / "checkpoint-3" / name).unlink()

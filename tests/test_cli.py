@@ -1,4 +1,4 @@
-"""The ``hf-grpo`` console command (issue 20, item 7): subcommands, help that names itself, the modules unchanged.
+"""The ``hf-grpo`` console command: subcommands, help that names itself, the modules unchanged.
 
 ``hf-grpo train|eval|push|report`` call the ``main(argv, prog)`` of ``hf_grpo.train``, ``hf_grpo.evaluate``,
 ``hf_grpo.hub`` and ``hf_grpo.evaluation.report``; ``python -m hf_grpo.train`` keeps its own name in its help.

@@ -54,12 +54,12 @@ def test_two_processes_agree_on_kept_groups_and_parameters(tmp_path):
 
 
 def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
-    """Issue 14 #1: rank 0 deleted a low-ranked checkpoint while a slower rank was still writing into it, which
+    """Rank 0 deleted a low-ranked checkpoint while a slower rank was still writing into it, which
     re-created ``checkpoint-N`` with that rank's files only; ``resume_from_checkpoint: auto`` then picked it."""
     out = tmp_path / "topk"
     result = launch_cpu_module("tests.scripts.keep_top_k_check", out)
     assert result.returncode == 0, result.stderr[-4000:]
-    # the best (accuracy 1/step) and the newest, kept to resume from whatever its rank (issue 31)
+    # the best (accuracy 1/step) and the newest, kept to resume from whatever its rank
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3"]
     scores = json.loads((out / "checkpoint_scores.json").read_text())
     assert scores == {"checkpoint-1": 1.0, "checkpoint-3": pytest.approx(1 / 3)}
@@ -69,7 +69,7 @@ def test_keep_top_k_deletes_only_after_every_rank_has_saved(tmp_path):
 
 
 def test_carried_groups_stay_within_one_step_when_one_process_never_keeps_any(tmp_path):
-    """Issue 23 #2: the rounds run until the process with the fewest kept groups has enough, so a process that keeps
+    """The rounds run until the process with the fewest kept groups has enough, so a process that keeps
     everything carried its surplus from step to step (4, 8, 12 groups here). Now each process carries at most one
     step's worth (2 groups) and trains on nothing generated more than one step earlier."""
     out = tmp_path / "ranks.json"

@@ -1,4 +1,4 @@
-"""Held-out evaluation never grades without a hard timeout (issue 10, item 3).
+"""Held-out evaluation never grades without a hard timeout.
 
 math-verify never finishes with ``PATHOLOGICAL`` (a huge factorial) against a MATH gold: SymPy evaluates it in one
 C call that holds the GIL, so neither a signal nor a watchdog thread (pytest-timeout included) can stop it in the

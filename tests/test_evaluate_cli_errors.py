@@ -1,4 +1,4 @@
-"""``python -m hf_grpo.evaluate`` turns bad input into exit status 2 and one error line (issue 11, item 7).
+"""``python -m hf_grpo.evaluate`` turns bad input into exit status 2 and one error line.
 
 Each case was a traceback or a silent wrong result: a path that does not exist, a file given as the model, a
 truncated adapter, a broken recipe or dataset file, an ``--output`` that cannot be written (found only after the

@@ -1,4 +1,4 @@
-"""Issue 21 #1 and #2: a run ended by its vLLM server dying or by Ctrl-C prints one line a user can act on (what
+"""A run ended by its vLLM server dying or by Ctrl-C prints one line a user can act on (what
 happened, where the traceback and the server's log are, the resume command), no Python traceback, and leaves
 nothing running. Real processes: the fixture vLLM server and ``python -m hf_grpo.train`` (its launcher)."""
 
@@ -128,7 +128,7 @@ def test_ctrl_c_stops_a_launch_quietly_with_what_was_saved_and_the_resume_comman
 
 
 def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_leaves_no_temp_file(tmp_path, capsys):
-    """Issue 31: a full disk while the history was written (``on_log``) ended in a traceback and left a ``.tmp``.
+    """A full disk while the history was written (``on_log``) ended in a traceback and left a ``.tmp``.
     ``/dev/full`` answers every write with ENOSPC: the history's temp file is made a link to it."""
     out = tmp_path / "run"
     out.mkdir()
@@ -150,7 +150,7 @@ HANDLES_SIGTERM = (
 
 
 def test_a_frozen_server_is_continued_so_that_it_ends_by_sigterm_not_after_the_grace(tmp_path):
-    """Issue 31: a SIGSTOPped server held SIGTERM pending for the whole grace, then got SIGKILL; SIGCONT after the
+    """A SIGSTOPped server held SIGTERM pending for the whole grace, then got SIGKILL; SIGCONT after the
     SIGTERM lets it end at once. Asserted by how it ended (its SIGTERM handler's exit, not SIGKILL), not by a time.
     The stand-in handles SIGTERM as vLLM's server does: a default-action SIGTERM kills even a stopped process."""
     server = VLLMServerProcess(
@@ -171,7 +171,7 @@ def test_a_frozen_server_is_continued_so_that_it_ends_by_sigterm_not_after_the_g
 @pytest.mark.subprocess
 @pytest.mark.slow  # a 2-process launch (it ends at its first step)
 def test_an_error_on_one_rank_ends_every_rank_with_its_one_line(tmp_path):
-    """Issue 31 (suspicion): one process failing (here its reward breaks the contract on rank 1 only) while the other
+    """One process failing (here its reward breaks the contract on rank 1 only) while the other
     waits in the next collective. The other is not left blocked: accelerate's agent stops it, the failing rank's
     error is the one `hf_grpo: error:` line, the launcher's summary points at it, and nothing is left running."""
     mark = f"one-rank-{os.getpid()}-{time.monotonic_ns()}"

@@ -105,7 +105,7 @@ def test_layout_helpers():
             ["--generation.backend", "vllm_server", "--lora_modules_to_save", "[lm_head]"],
             r"lora_modules_to_save: \['lm_head'\]: vLLM loads adapters only with modules_to_save None",
         ),
-        # issue 11 #6: retried for server_timeout after the model loaded, instead of refused here
+        # Retried for server_timeout after the model loaded, instead of refused here
         (["--generation.backend", "vllm_server", "--generation.port", "99999"], "generation.port 99999 is not a TCP"),
         (["--generation.backend", "vllm_server", "--generation.port", "0"], "generation.port 0 is not a TCP"),
         (["--generation.backend", "vllm_server", "--generation.request_timeout", "0"], "request_timeout must be"),
@@ -240,7 +240,7 @@ def served_models(url: str) -> set[str]:
 
 
 def test_an_adapter_another_process_still_generates_with_is_not_unloaded(policy_dir, tmp_path, monkeypatch):
-    """Issue 31 (2): only the main process unloads, and it consulted only its own rounds in flight. Here the other
+    """Only the main process unloads, and it consulted only its own rounds in flight. Here the other
     rank (its answer to the all-gather faked) still generates with policy-0 when the main process syncs policy-1."""
     with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
         trainer = make_server_trainer(policy_dir, tmp_path, server.url, max_steps=1)
@@ -257,7 +257,7 @@ def test_an_adapter_another_process_still_generates_with_is_not_unloaded(policy_
 
 
 def test_adapter_directories_stay_bounded_over_a_50_step_run(policy_dir, tmp_path):
-    """Issue 14 #3: one adapter per step used to stay on disk for the whole run; now the last two at most."""
+    """One adapter per step used to stay on disk for the whole run; now the last two at most."""
     with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
         trainer = make_server_trainer(
             policy_dir, tmp_path, server.url, reward=reward_scripts.alternating, max_steps=50,
@@ -298,7 +298,7 @@ def _fake_trainer(step: int, process: int):
 
 
 def test_each_prompt_gets_its_own_seed_on_the_wire_and_runs_reproduce(policy_dir, tmp_path, monkeypatch):
-    """Issue 23 #3: one seed per request gave the i-th sample of every prompt the same seed + i (vLLM's rule), so
+    """One seed per request gave the i-th sample of every prompt the same seed + i (vLLM's rule), so
     samples were correlated across prompts. Each prompt is now a request of its own with its own seed range."""
     bodies, send = [], requests.Session.request
 
@@ -324,7 +324,7 @@ def test_each_prompt_gets_its_own_seed_on_the_wire_and_runs_reproduce(policy_dir
 
 
 def test_seeded_requests_never_share_samples_across_processes_rounds_or_steps(policy_dir, tmp_path):
-    """Issue 14 #2: seed = base + 1000 * step + process made process 1's sample j repeat process 0's sample j + 1
+    """Seed = base + 1000 * step + process made process 1's sample j repeat process 0's sample j + 1
     (vLLM seeds sample i with seed + i), and every round of a step repeat the first. Seeds are now spaced apart."""
     from hf_grpo.generation.server_generator import SEED_STRIDE
 
@@ -354,7 +354,7 @@ def test_seeded_requests_never_share_samples_across_processes_rounds_or_steps(po
     ],
 )
 def test_a_user_started_server_gets_trls_logprobs_mode_check(policy_dir, tmp_path, caplog, mode, dev_mode, warns):
-    """Issue 14 #5: TRL warns when the server's log-probs would bias the importance-sampling correction; our
+    """TRL warns when the server's log-probs would bias the importance-sampling correction; our
     generator is set up after TRL's checks, so it runs the same check itself."""
     with (
         start_in_thread(
@@ -376,7 +376,7 @@ def test_a_user_started_server_gets_trls_logprobs_mode_check(policy_dir, tmp_pat
 
 
 def test_generation_kwargs_and_structured_outputs_reach_the_server(policy_dir, tmp_path):
-    """Issue 14 #5: TRL forwards generation_kwargs and vllm_structured_outputs_regex to vLLM; the generator dropped them."""
+    """TRL forwards generation_kwargs and vllm_structured_outputs_regex to vLLM; the generator dropped them."""
     with start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True) as server:
         trainer = make_server_trainer(
             policy_dir,
@@ -579,7 +579,7 @@ def wait_until(condition, timeout: float, interval: float = 0.2) -> bool:
 @pytest.mark.subprocess
 @pytest.mark.slow  # 40 s: a whole launch
 def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(policy_dir, tmp_path):
-    """Issue 14 #7: the launcher, its vLLM server, accelerate and both training workers all end on SIGTERM of the
+    """The launcher, its vLLM server, accelerate and both training workers all end on SIGTERM of the
     launcher while training runs (after a checkpoint); the same command with resume auto then continues. (SIGINT
     takes the launcher's same path: test_failure_messages.py's Ctrl-C test sends it to a 2-process launch.)"""
     signum = signal.SIGTERM
@@ -634,7 +634,7 @@ def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(polic
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
-    """Issue 14 #7: after the grace period the launcher killed only `accelerate launch`, orphaning its workers."""
+    """After the grace period the launcher killed only `accelerate launch`, orphaning its workers."""
     mark = f"stubborn-{os.getpid()}-{signum}-{time.monotonic_ns()}"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tests.scripts.stubborn_launch"],
@@ -660,7 +660,7 @@ def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
 
 
 def test_a_sigkilled_launcher_leaves_no_process_behind(tmp_path):
-    """Issue 14: a SIGKILLed launcher stops nothing itself; its watchdog stops the server's and the training launch's
+    """A SIGKILLed launcher stops nothing itself; its watchdog stops the server's and the training launch's
     process groups, SIGKILLing the workers that ignore SIGTERM after its grace period."""
     mark = f"sigkilled-{os.getpid()}-{time.monotonic_ns()}"
     launcher = subprocess.Popen(
@@ -743,7 +743,7 @@ def test_the_watchdog_stops_its_groups_only_when_the_launcher_dies(end):
 
 
 def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
-    """Issue 14 #7: stopping the server waited for the group leader only; an engine worker that outlives it (here one
+    """Stopping the server waited for the group leader only; an engine worker that outlives it (here one
     that ignores SIGTERM) was left running, holding its GPU."""
     from hf_grpo.generation.server import VLLMServerProcess
 
@@ -791,7 +791,7 @@ def load_into_standin(policy_dir, path):
     ids=["dora", "modules_to_save", "bias"],
 )
 def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, lora, refusal):
-    """Issue 14 #10: the stand-in loaded adapters that vLLM 0.22-0.31's PEFTHelper refuses."""
+    """The stand-in loaded adapters that vLLM 0.22-0.31's PEFTHelper refuses."""
     save_adapter(policy_dir, tmp_path / "adapter", **lora)
     answer, served = load_into_standin(policy_dir, tmp_path / "adapter")
     assert answer.status_code == 500 and refusal in answer.text, answer.text
@@ -799,7 +799,7 @@ def test_the_standin_server_refuses_adapters_vllm_refuses(policy_dir, tmp_path, 
 
 
 def test_the_standin_server_refuses_adapter_modules_vllm_does_not_apply_lora_to(policy_dir, tmp_path):
-    """Issue 14 #10: vLLM matches each adapter module's last name against the model's LoRA-able layers (linear
+    """vLLM matches each adapter module's last name against the model's LoRA-able layers (linear
     layers and embeddings) and refuses the adapter otherwise (a vision tower's LoRA, say); the stand-in merged it."""
     from safetensors.torch import load_file, save_file
 
@@ -816,7 +816,7 @@ def test_the_standin_server_refuses_adapter_modules_vllm_does_not_apply_lora_to(
 
 
 def test_the_standin_command_line_serves_bf16_numerics(policy_dir):
-    """Issue 14 #10: the bf16 mode was reachable only in-process; ``--numerics bfloat16`` gives it to a launched
+    """The bf16 mode was reachable only in-process; ``--numerics bfloat16`` gives it to a launched
     server (``generation.extra_args``). Its greedy log-probs then move off the fp32 server's."""
 
     def prompt_logprobs(*extra):
@@ -836,7 +836,7 @@ def test_the_standin_command_line_serves_bf16_numerics(policy_dir):
 
 @pytest.mark.parametrize("numerics", ["float32", "bfloat16"])
 def test_importance_sampling_correction_engages_against_bf16_numerics(policy_dir, tmp_path, numerics):
-    """Issue 14 #10: with fp32 weights the stand-in returns the trainer's own log-probs, so TRL's importance-sampling
+    """With fp32 weights the stand-in returns the trainer's own log-probs, so TRL's importance-sampling
     correction was never exercised. A bf16 stand-in differs from the trainer as a bf16 vLLM does: the sampler/trainer
     log-prob gap and the correction ratio then move off 0 and 1."""
     with start_in_thread(
@@ -859,7 +859,7 @@ def test_importance_sampling_correction_engages_against_bf16_numerics(policy_dir
 
 
 def test_a_server_already_on_the_port_is_not_taken_for_ours(policy_dir, tmp_path):
-    """Issue 23 #6: a leftover server answering /health on the port passed for the one being started."""
+    """A leftover server answering /health on the port passed for the one being started."""
     from hf_grpo.generation.server import ServerStartError, VLLMServerProcess
 
     with start_in_thread(policy_dir) as leftover:

@@ -1096,7 +1096,7 @@ PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 
 
 
 def test_grade_called_directly_does_not_hang_on_a_power_tower():
-    """Issue 23 #9: grade() itself computed for ever on Math-Verify#65's input (no process around it in a notebook).
+    """grade() itself computed for ever on Math-Verify#65's input (no process around it in a notebook).
     A power of over MAX_POWER_DIGITS digits never reaches SymPy: a boxed one is wrong, a gold one is refused."""
     start = time.monotonic()
     assert grading.grade(PATHOLOGICAL, "1", "math") == "wrong"

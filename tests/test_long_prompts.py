@@ -1,4 +1,4 @@
-"""Issue 23 #4: a prompt too long for the context no longer ends the run. vLLM answers prompt + max_tokens >
+"""A prompt too long for the context no longer ends the run. vLLM answers prompt + max_tokens >
 max_model_len with HTTP 400, which ended training at the first batch holding such a prompt; now every prompt is
 measured before training and, per ``long_prompts``, dropped or cut from the left, with the count logged."""
 

@@ -100,7 +100,7 @@ def test_gpu_only_settings_are_mapped_and_printed(tmp_path, capsys):
 
 
 def test_the_tiny_model_behind_a_server_is_refused_and_its_miniature_gets_a_model_folder(capsys):
-    """Issue 31: `--miniature` of the tiny recipe with a vLLM server passed --dry-run, then the stand-in server was
+    """`--miniature` of the tiny recipe with a vLLM server passed --dry-run, then the stand-in server was
     handed the name `tiny` and went to the Hub. Without --miniature the recipe is refused (no folder for a server);
     with it the miniature swaps in a Qwen2 model folder that both the server and the trainer load."""
     argv = ["recipes/tiny.yaml", "--generation.backend", "vllm_server"]

@@ -1,4 +1,4 @@
-"""Issue 22: overlapped generation (``generation.overlap``, hf_grpo/generation/overlap.py). Tier 1, in-process:
+"""Overlapped generation (``generation.overlap``, hf_grpo/generation/overlap.py). Tier 1, in-process:
 
 - ``Lookahead`` against a fake generator, trainer and dataloader: which round is generated now and which is sent
   ahead (seed keys, adapter, version, the dataloader's next cycle's batch; further rounds from the ``PromptStream``),
@@ -221,7 +221,7 @@ def test_in_use_names_the_adapters_of_rounds_still_generating():
 
 
 def test_a_process_holding_part_of_each_group_gets_its_rows_sent_ahead():
-    """Issue 31 (1): with 2 processes, per_device_train_batch_size 4 and num_generations 8, each process holds half a
+    """With 2 processes, per_device_train_batch_size 4 and num_generations 8, each process holds half a
     group. The round sent ahead was one row per group x num_generations (8 rows of one prompt) while TRL generates
     for the process's 4 rows: "step 1's prompts changed after they were sent"."""
     gen, trainer = FakeGenerator(), FakeTrainer()
@@ -254,7 +254,7 @@ def test_an_error_in_the_background_generation_is_raised_by_the_call_that_needs_
 
 
 def test_a_round_that_waits_for_a_restarted_server_is_waited_for(monkeypatch):
-    """Issue 31 (4): the training thread gave up after its requests' worst case while the round could still be
+    """The training thread gave up after its requests' worst case while the round could still be
     waiting up to ``restart_wait`` for a restarted server (which a synchronous run survives). Here the requests'
     worst case is 0.2 s and the round takes ~1 s, well within ``restart_wait`` (30 s)."""
     monkeypatch.setattr(overlap, "THREAD_SLACK_S", 0.0)
@@ -320,7 +320,7 @@ def test_save_and_load_give_back_the_planned_rounds(tmp_path):
 
 
 def test_a_lowered_max_staleness_is_enforced_on_the_rounds_a_checkpoint_holds(tmp_path, caplog):
-    """Issue 31 (9): a run saved with max_staleness 2 holds rounds for steps 1 and 2, both from version 0; resumed
+    """A run saved with max_staleness 2 holds rounds for steps 1 and 2, both from version 0; resumed
     with max_staleness 1, step 2's round would train two updates old: it is generated again, step 1's is kept."""
     gen, trainer = FakeGenerator(), FakeTrainer()
     ahead = lookahead(gen, trainer, max_staleness=2)
@@ -389,7 +389,7 @@ def test_max_staleness_two_reaches_two_and_never_more(policy_dir, tmp_path):
 def test_kl_and_two_updates_per_generation_train_with_the_lag_a_cycle_takes(policy_dir, tmp_path):
     """beta > 0 (reference log-probs of the lagged batch) and num_iterations 2 (a generation serves 2 optimizer
     steps, so one generation ahead is 2 updates): generations start at steps 0, 2, 4 with lags 0, 2, 2, and each
-    cycle's second step trains on its batch one update later still (issue 31 (7): the lag is logged per step, and
+    cycle's second step trains on its batch one update later still (the lag is logged per step, and
     the bound is max_staleness + 1 = 3, not 2); the KL is logged and the parameters move."""
     with make_overlap_trainer(policy_dir, tmp_path, max_staleness=2, beta=0.05, num_iterations=2, max_steps=6) as (
         trainer,

@@ -1,4 +1,4 @@
-"""Issue 22 (acceptance 3): SIGTERM of an overlapped run mid-training, then ``--resume_from_checkpoint auto``, reaches
+"""SIGTERM of an overlapped run mid-training, then ``--resume_from_checkpoint auto``, reaches
 the same final adapter as the same run uninterrupted. Real processes: ``python -m hf_grpo.train`` (the launcher
 starts the stand-in vLLM server, then training), with dynamic sampling on (the tiny recipe), so that the checkpoint
 holds carried groups and a round sent ahead. Tier 2 (about 2 minutes):

@@ -1,4 +1,4 @@
-"""Issue 12 #8: the names a notebook needs come from the package itself, and importing it stays cheap."""
+"""The names a notebook needs come from the package itself, and importing it stays cheap."""
 
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def test_the_dedicated_recipe_overlaps_generation_through_real_vllm(tmp_path, ca
     the older adapter loaded while it generates and the run ends cleanly. Without dynamic sampling, so that every
     step trains on its first round (the filter may drop all of a round's groups, and then the step trains on fresh
     ones). With 16 samples of one prompt per step, each of the 2 training processes holds half a group: overlap sends
-    every process's own rows (issue 31, item 1: it sent one row per group, and a partial group broke the step)."""
+    every process's own rows (one row per group would leave a partial group, which breaks the step)."""
     out = tmp_path / "run"
     run = run_module(
         "hf_grpo.train", DEDICATED, "--miniature", "--output_dir", str(out), "--max_steps", "4",

@@ -1,4 +1,4 @@
-"""Every shipped recipe dry-runs without a warning about one of its own keys (issue 20: the recipes set
+"""Every shipped recipe dry-runs without a warning about one of its own keys (the recipes once set
 ``gradient_checkpointing``, which transformers 5 deprecates for ``activation_checkpointing``).
 
 Warnings are recorded with ``simplefilter("always")`` inside the test, so pyproject's ``filterwarnings`` (which ignores

@@ -1,4 +1,4 @@
-"""Issue 10 #1-#2: a reward function is called exactly as TRL calls it, isolated or not, and a reward that fails on
+"""A reward function is called exactly as TRL calls it, isolated or not, and a reward that fails on
 every completion stops the run. The rewards are TRL's own (``trl.rewards``), an Unsloth-style one reading a dataset
 column by keyword, and one that uses ``trainer_state``, ``log_metric`` and ``log_extra``; the datasets are TRL-format
 JSONL files, standard and conversational, with extra columns. TRL's own ``_calculate_rewards`` makes the calls."""
@@ -162,7 +162,7 @@ def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path):
 
 
 def test_a_gold_column_in_another_tasks_format_is_named_when_the_data_loads(tmp_path, caplog):
-    """Issue 10 #5: a MATH-style gold under task gsm8k was graded against its first number, silently."""
+    """A MATH-style gold under task gsm8k was graded against its first number, silently."""
     path = tmp_path / "math_gold.jsonl"
     rows = [
         {"prompt": f"What is {i} + 7?", "solution": f"{i} + 7 = {i + 7}, so $\\boxed{{{i + 7}}}$"} for i in range(9)
@@ -177,7 +177,7 @@ def test_a_gold_column_in_another_tasks_format_is_named_when_the_data_loads(tmp_
 
 
 def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp_path):
-    """Issue 10 #1: a ``PreTrainedModel`` in ``reward_funcs`` (TRL scores prompt + completion with it) and an async
+    """A ``PreTrainedModel`` in ``reward_funcs`` (TRL scores prompt + completion with it) and an async
     reward (awaited by TRL) keep working next to isolated rewards."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
@@ -219,7 +219,7 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
 @pytest.mark.subprocess
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
-    """Issue 11 #2: a run whose rewards were all None logged an error per batch, trained on nothing to the end and then
+    """A run whose rewards were all None logged an error per batch, trained on nothing to the end and then
     died in write_report (TypeError on a None reward): exit 1, no summary.md."""
     out = tmp_path / "run"
     result = run_module(
@@ -238,7 +238,7 @@ def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
 @pytest.mark.subprocess
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_infinite_rewards_are_counted_and_left_out(tmp_path):
-    """Issue 11 #2: ±inf rewards zeroed every loss (nothing learned) without a counter, and the report crashed."""
+    """±inf rewards zeroed every loss (nothing learned) without a counter, and the report crashed."""
     out = tmp_path / "run"
     result = run_module(
         "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "2", "--arithmetic_train_size", "64",
@@ -256,7 +256,7 @@ def test_infinite_rewards_are_counted_and_left_out(tmp_path):
 
 
 def test_nan_rewards_are_counted_as_nonfinite_and_left_out():
-    """Issue 11 #2: TRL turns None into NaN, so a reward returning NaN was left out without a count. An isolated
+    """TRL turns None into NaN, so a reward returning NaN was left out without a count. An isolated
     reward tells the two apart; the trainer adds its NaNs to rewards/<name>/nonfinite (gathered over processes)."""
     import types
 

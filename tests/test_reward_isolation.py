@@ -425,7 +425,7 @@ if __name__ == "__main__":
 
 
 def test_a_replacement_worker_does_not_rerun_the_main_module(tmp_path):
-    """Issue 11 #5: multiprocessing re-ran the training script (with its torch/TRL imports) in every new worker, so each
+    """Multiprocessing re-ran the training script (with its torch/TRL imports) in every new worker, so each
     replacement after a timeout cost seconds (2.04 s, 11.8 s on a loaded machine) instead of about 0.1 s."""
     import subprocess
     import sys
@@ -442,7 +442,7 @@ def test_a_replacement_worker_does_not_rerun_the_main_module(tmp_path):
 
 
 def test_a_timed_out_reward_leaves_no_subprocess_behind(pool, tmp_path):
-    """Issue 11 #4: a reward that starts a subprocess and hangs left it running, reparented to init, after its worker
+    """A reward that starts a subprocess and hangs left it running, reparented to init, after its worker
     was killed (16 orphaned `sleep` processes after one run)."""
     marker = f"orphan-check-{os.getpid()}-{time.monotonic_ns()}"
     reward = isolate(functools.partial(reward_plugins.spawns_and_hangs, marker=marker), pool, timeout=TIMEOUT)
@@ -467,7 +467,7 @@ def test_a_timed_out_reward_leaves_no_subprocess_behind(pool, tmp_path):
 
 
 def test_a_reward_that_kills_the_fork_server_does_not_stop_training(pool):
-    """Issue 11 #4: the next worker start raised EOFError from the dead fork server and crashed training. The pool's
+    """The next worker start raised EOFError from the dead fork server and crashed training. The pool's
     workers die with their fork server (PR_SET_PDEATHSIG); what they were running counts as an error (None), and
     their replacements come from a new fork server."""
     kills = isolate(reward_plugins.kills_fork_server, pool, timeout=TIMEOUT)

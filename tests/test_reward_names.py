@@ -195,7 +195,7 @@ def test_unknown_name_suggests_the_obvious_fix_first_and_lists_both_registries(n
     ],
 )
 def test_open_r1_reward_names_say_what_to_use_instead(name, replacement):
-    """Issue 12 #1: open-r1's recipes name rewards from its own registry; each gets the reward that takes its place."""
+    """open-r1's recipes name rewards from its own registry; each gets the reward that takes its place."""
     with pytest.raises(RewardLoadError) as info:
         resolve_reward(name)
     assert f"{name!r} is open-r1's name: " in str(info.value) and replacement in str(info.value)

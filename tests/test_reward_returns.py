@@ -1,4 +1,4 @@
-"""Issue 21 #10: a reward may return what TRL accepts (a list, a 1-D numpy array or tensor, of numbers, bools,
+"""A reward may return what TRL accepts (a list, a 1-D numpy array or tensor, of numbers, bools,
 numpy scalars or None), isolated or not, with the values of the equivalent Python list; anything else (a string, a
 dict, a 2-D array, the wrong length) gives no reward, counted as an error, with its type named in one warning."""
 

@@ -1,4 +1,4 @@
-"""Issue 21 #3-#5: one run per ``output_dir`` (its lock), a resume with a recipe whose shapes changed is refused before
+"""One run per ``output_dir`` (its lock), a resume with a recipe whose shapes changed is refused before
 anything loads, and a finished run resumed says so and trains nothing."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_a_lock_from_another_host_names_the_file_to_delete(tmp_path):
 
 
 def test_a_lock_with_my_pid_on_another_host_is_another_run(tmp_path):
-    """Issue 31 (5): containers on two nodes give their main process the same pid; a lock holding this process's pid
+    """Containers on two nodes give their main process the same pid; a lock holding this process's pid
     but written on another host (or by an earlier process with this pid) is another run's: refused, never released."""
     write_lock(tmp_path, pid=os.getpid(), host="node-2")
     with pytest.raises(run_lock.RunLockError, match="on host node-2"):

@@ -73,7 +73,7 @@ def test_split_then_collate_across_rounds_repads_both_sides():
 
 
 def test_collate_names_a_key_that_only_a_later_group_has():
-    """Issue 31 (8): the key check looked at the first group's keys only, so a key of later groups was dropped."""
+    """The key check looked at the first group's keys only, so a key of later groups was dropped."""
     first, second = split_groups(batch_of([2, 2, 2, 2], [1, 1, 1, 1], [1.0, -1.0, 1.0, -1.0]), 2)
     second["policy_version"] = torch.tensor([3, 3])
     with pytest.raises(ValueError, match=r"\['policy_version'\] present in some groups only"):
@@ -81,7 +81,7 @@ def test_collate_names_a_key_that_only_a_later_group_has():
 
 
 def test_overlapped_carried_groups_resume_without_overlap(tmp_path):
-    """Issue 31 (8): groups carried by an overlapped run hold ``policy_version``; resumed with overlap off they are
+    """Groups carried by an overlapped run hold ``policy_version``; resumed with overlap off they are
     collated with fresh groups (which have none) instead of crashing the first step."""
     carried = split_groups(batch_of([2, 2], [1, 1], [1.0, -1.0]), 2)
     carried[0]["policy_version"] = torch.tensor([4, 4])
@@ -160,7 +160,7 @@ def test_doctests():
 
 
 def test_under_overlap_the_trim_keeps_the_groups_the_next_step_can_use():
-    """Issue 31 (3): the surplus of an overlapped step holds round-1 groups of the previous policy (version 4) and
+    """The surplus of an overlapped step holds round-1 groups of the previous policy (version 4) and
     fresh round-2 groups (version 5); at the next step ``drop_older`` discards version 4 (max_staleness 1), so the
     trim must keep the version-5 groups, not the version-4 ones."""
 
@@ -176,7 +176,7 @@ def test_under_overlap_the_trim_keeps_the_groups_the_next_step_can_use():
 
 
 def test_trimmed_pools_stay_within_one_step_on_sixteen_processes():
-    """Issue 23 #2, as the issue simulated it: 16 processes needing 2 groups each, keep rate 0.5, rounds until the
+    """16 processes needing 2 groups each, keep rate 0.5, rounds until the
     process with the fewest kept groups has enough (at most 8). Untrimmed, the pools grew to about 100 groups with
     waits of dozens of steps; trimmed after each step, no pool holds more than one step's worth and no group waits
     more than one step."""
@@ -207,7 +207,7 @@ def test_trimmed_pools_stay_within_one_step_on_sixteen_processes():
 
 @pytest.mark.parametrize(("scale", "warned"), [("batch", True), ("group", False), ("none", False)])
 def test_batch_scaled_rewards_with_dynamic_sampling_say_which_std_scales_a_kept_group(tmp_path, caplog, scale, warned):
-    """Issue 31 (suspicion, confirmed): a kept group's advantages come from its own round; under ``scale_rewards:
+    """A kept group's advantages come from its own round; under ``scale_rewards:
     batch`` that round's std includes the groups dynamic sampling dropped. Said at configuration time."""
     tiny_config(tmp_path, dynamic_sampling=True, scale_rewards=scale)
     assert ("scale_rewards 'batch': each kept group's advantages" in caplog.text) is warned

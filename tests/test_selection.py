@@ -1,4 +1,4 @@
-"""hf_grpo.selection: the reward history that decides which prompts to skip before generating them (issue 30)."""
+"""hf_grpo.selection: the reward history that decides which prompts to skip before generating them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 23 #5: a vLLM server that restarts mid-run no longer ends it. A restarted server has lost the adapter, so the
+"""A vLLM server that restarts mid-run no longer ends it. A restarted server has lost the adapter, so the
 next request is a 404 "model does not exist": the generator loads the current adapter into it again and sends the
 request once more. While it restarts it does not answer at all: ``generation.restart_wait`` says how long to wait."""
 

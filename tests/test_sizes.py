@@ -1,4 +1,4 @@
-"""Sizes (issue 21, item 8): prompt + completion checked against the model's context before anything loads, and an
+"""Sizes: prompt + completion checked against the model's context before anything loads, and an
 estimated-time line once a run's first steps are measured (``max_steps: 1e29`` says how long it would take)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stopping README's commands (issue 31): SIGTERM to ``accelerate launch -m hf_grpo.train`` itself, SIGTERM to
+"""Stopping README's commands: SIGTERM to ``accelerate launch -m hf_grpo.train`` itself, SIGTERM to
 ``python -m hf_grpo.train`` while it evaluates before training, and SIGINT twice to the launcher. Each leaves no
 process running (trainer, reward workers, multiprocessing's helpers, accelerate) and ends with one
 ``hf_grpo: stopped by a signal ...; resume with: ...`` line and no traceback. Real processes, the tiny recipe.

@@ -219,13 +219,13 @@ def test_keep_top_k_keeps_the_best_checkpoints_by_held_out_accuracy(tmp_path):
     measured = {r["step"]: r["eval/accuracy"] for r in history if "eval/accuracy" in r}
     assert sorted(measured) == [1, 2, 3, 4]
     best = sorted(measured, key=lambda s: (measured[s], s), reverse=True)[:2]
-    # the best 2, and the last one whatever its rank: a resumed run continues from where it stopped (issue 31)
+    # the best 2, and the last one whatever its rank: a resumed run continues from where it stopped
     assert set(scores) == {f"checkpoint-{s}" for s in best} | {"checkpoint-4"}
     assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted(scores)
 
 
 def test_keep_top_k_keeps_an_unevaluated_last_checkpoint_unranked(tmp_path):
-    """Issue 23 #1: transformers saves at the last step whatever save_steps is; with no task evaluation there, the
+    """Transformers saves at the last step whatever save_steps is; with no task evaluation there, the
     run crashed before writing its adapter and evaluation. Now that checkpoint is kept unranked (to resume from)."""
     from hf_grpo.train import train
 

@@ -90,7 +90,7 @@ def test_parameters_change_and_metrics_are_logged(tiny, tmp_path):
 
 
 def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path):
-    """Issue 14 #6: TRL's prediction_step goes through _generate / _calculate_rewards; that time used to land in
+    """TRL's prediction_step goes through _generate / _calculate_rewards; that time used to land in
     the next training step's time/*. Here evaluation's reward sleeps 1.5 s; training's does not."""
     import time
 
@@ -217,7 +217,7 @@ def test_exhausted_budget_fills_with_zero_advantage_groups(tiny, tmp_path, rewar
 
 
 def test_filled_groups_add_no_kl_gradient_and_no_loss_tokens(tiny, tmp_path):
-    """Issue 14 #8: zero-advantage fill groups still added KL gradient (beta > 0) and, under dapo, tokens to the loss
+    """Zero-advantage fill groups still added KL gradient (beta > 0) and, under dapo, tokens to the loss
     normaliser. Step 1 moves the adapter (rewards vary); steps 2-3 are filled entirely (rewards all 0). With plain SGD
     (no momentum) and the fill groups out of the loss, steps 2-3 must leave the adapter where step 1 put it."""
     holder = {}
@@ -335,7 +335,7 @@ def test_resume_continues_exactly(tiny, tmp_path):
 
 @pytest.mark.parametrize("gather", [True, False])
 def test_the_task_evaluator_follows_ds3_gather_for_generation(tmp_path, monkeypatch, gather):
-    """Issue 23 #8: TRL generates without gathering ZeRO-3 shards when ``ds3_gather_for_generation: false`` (a model
+    """TRL generates without gathering ZeRO-3 shards when ``ds3_gather_for_generation: false`` (a model
     too large to gather on one GPU); the held-out evaluation gathered them anyway."""
     import contextlib
     from types import SimpleNamespace

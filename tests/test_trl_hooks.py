@@ -184,7 +184,7 @@ def test_scored_batch_keys_are_the_ones_dynamic_sampling_knows():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Drop-in for trl.GRPOTrainer (issue 14 #11, found by running TRL's own tests against our class)
+# Drop-in for trl.GRPOTrainer (gaps found by running TRL's own tests against our class)
 
 
 def _tiny_parts():
@@ -253,7 +253,7 @@ def test_timing_wrapper_never_masks_the_parents_exception():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Lines that restate TRL (issue 14 #9): each is compared with TRL's own result on the same batch, so an upgrade that
+# Lines that restate TRL: each is compared with TRL's own result on the same batch, so an upgrade that
 # changes TRL's computation fails here.
 
 
@@ -318,7 +318,7 @@ def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
 def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type):
-    """Issue 31 (10): with grpo (mean over rows) and dr_grpo (rows x max length) TRL's normaliser counted the masked
+    """With grpo (mean over rows) and dr_grpo (rows x max length) TRL's normaliser counted the masked
     fill rows, scaling the real rows' loss and gradient by real / all rows. TRL's own compute_loss on the real rows
     and ours on the same rows plus a fill group must agree, for every loss type."""
     trainer, output = scored

@@ -253,7 +253,7 @@ def test_hung_server_times_out(server, prompts):
 
 
 def test_a_frozen_server_is_not_asked_again_and_the_wait_is_logged(server, prompts, monkeypatch, caplog):
-    """Issue 11 #6: a server that accepts a request and never answers was asked max_retries more times, each waiting
+    """A server that accepts a request and never answers was asked max_retries more times, each waiting
     request_timeout (40 minutes with the defaults), without a log line."""
     from hf_grpo.generation import vllm_client
 

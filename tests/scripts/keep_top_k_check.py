@@ -2,8 +2,8 @@
 
 Every step saves a checkpoint and is scored with a falling held-out accuracy, so each new checkpoint ranks last and
 rank 0 deletes it right after saving. Rank 1 writes its RNG state 2 s late. Rank 0 must not delete the checkpoint
-before rank 1 has finished writing into it, or rank 1 re-creates ``checkpoint-N`` holding only its own files
-(issue 14 #1). The test then lists the checkpoints left in ``output_dir``.
+before rank 1 has finished writing into it, or rank 1 re-creates ``checkpoint-N`` holding only its own files.
+The test then lists the checkpoints left in ``output_dir``.
 
     accelerate launch --config_file accelerate_configs/cpu.yaml -m tests.scripts.keep_top_k_check OUTPUT_DIR
 """
