@@ -1,12 +1,13 @@
 """Shipped recipes by name, for a user who installed the wheel and has no recipes/ folder: ``hf-grpo train tiny``
-from any folder, ``hf-grpo recipes ls`` and ``hf-grpo recipes cp NAME [DEST]``; the last test builds and installs
-the wheel and runs them from it."""
+from any folder, ``hf-grpo recipes ls`` and ``hf-grpo recipes cp NAME [DEST]``; the last test builds the wheel,
+installs it in a fresh venv and runs them from an empty folder."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,32 +79,41 @@ def test_cp_copies_a_recipe_and_never_overwrites_without_force(elsewhere, capsys
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.timeout(900)
-def test_from_an_installed_wheel_recipes_are_named_listed_and_copied(tmp_path):
-    """``pip install .`` (a wheel, not editable) puts the recipes inside the package: from a folder with no
-    recipes/, the installed package (not this checkout) runs, lists and copies them."""
-    wheels, site, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
+def test_from_a_wheel_in_a_fresh_venv_recipes_are_named_listed_and_copied(tmp_path):
+    """``pip install .`` (a wheel, not editable) into a fresh venv puts the recipes inside the package: from an empty
+    folder, the venv's ``hf-grpo`` command (not this checkout) runs, lists and copies them. The venv borrows this
+    environment's dependencies through a ``.pth`` line (installing torch again would take minutes), not hf_grpo."""
+    wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "empty"
     work.mkdir()
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(REPO)], check=True, timeout=600)
     (wheel,) = wheels.glob("hf_grpo-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)], check=True, timeout=300)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    here = next(p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p))
+    (Path(site) / "borrowed_dependencies.pth").write_text(here + "\n")  # a path line: its own .pth files are not read
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def hf_grpo(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "hf_grpo.cli", *argv], cwd=work, env=env, capture_output=True, text=True,
+            [str(venv / "bin" / "hf-grpo"), *argv], cwd=work, env=env, capture_output=True, text=True,
             timeout=300, check=False,
         )  # fmt: skip
 
     where = subprocess.run(
-        [sys.executable, "-c", "import hf_grpo; print(hf_grpo.__file__)"], cwd=work, env=env, capture_output=True,
+        [str(python), "-c", "import hf_grpo; print(hf_grpo.__file__)"], cwd=work, env=env, capture_output=True,
         text=True, check=True,
     )  # fmt: skip
-    assert where.stdout.startswith(str(site)), where.stdout  # the installed copy, not this checkout
+    assert where.stdout.startswith(site), where.stdout  # the installed copy, not this checkout
     for name in ("tiny", "qwen7b"):
         done = hf_grpo("train", name, "--dry-run")
         assert done.returncode == 0, done.stderr[-2000:]
-        assert f"recipe: {site / 'hf_grpo' / 'recipes' / name}.yaml" in done.stdout, done.stdout[:400]
+        assert f"recipe: {Path(site) / 'hf_grpo' / 'recipes' / name}.yaml" in done.stdout, done.stdout[:400]
     listed = hf_grpo("recipes", "ls")
     assert listed.returncode == 0 and all(f"\n{n} " in f"\n{listed.stdout}" for n in SHIPPED), listed.stdout
     copied = hf_grpo("recipes", "cp", "tiny")
