@@ -206,6 +206,7 @@ def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, m
     assert grades.count("unparseable") <= 4, outs[:4]  # the warm start taught the r1_zero format
 
 
+@pytest.mark.slow  # two processes build and warm-start the model side by side (about 60 s on 2 cores)
 @pytest.mark.subprocess
 def test_every_machine_builds_a_complete_cache_whatever_its_rank(tmp_path):
     """Each machine of a multi-node miniature builds the assets into its own cache, inside a started process group:
