@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from transformers import AutoConfig
 
@@ -185,7 +186,10 @@ def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, m
     spec = AssetSpec("llama", 0, PromptFormat(prompt_style="r1_zero"), "r1_zero", splits)
     assets = ensure_assets(spec)
     assert ensure_assets(spec).root == assets.root  # cached
-    assert AutoConfig.from_pretrained(assets.model_dir).model_type == "llama"
+    config = AutoConfig.from_pretrained(assets.model_dir)  # as save_pretrained writes it (TRL reads architectures)
+    assert (
+        config.model_type == "llama" and config.architectures == ["LlamaForCausalLM"] and config.dtype == torch.float32
+    )
     assert (assets.model_dir / "model.safetensors").is_file()
     rows = read_jsonl(assets.files[f"{MATH500}:test"])
     assert set(rows[0]) == {"problem", "solution", "answer", "subject", "level", "unique_id"}
@@ -224,7 +228,7 @@ def test_every_machine_builds_a_complete_cache_whatever_its_rank(tmp_path):
         assert "config.json" in output and "model.safetensors" in output, output
     for cache in caches:
         (model_dir,) = cache.glob("miniature/*/model")
-        assert AutoConfig.from_pretrained(model_dir).model_type == "llama"
+        assert AutoConfig.from_pretrained(model_dir).architectures == ["LlamaForCausalLM"]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)

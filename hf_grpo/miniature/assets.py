@@ -36,7 +36,7 @@ from ..tiny import build_tokenizer, warm_start
 
 logger = logging.getLogger(__name__)
 
-ASSETS_VERSION = 2  # bump when a builder below changes what it writes
+ASSETS_VERSION = 3  # bump when a builder below changes what it writes
 CACHE_ENV = "HF_GRPO_CACHE"
 TRAIN_ROWS, EVAL_ROWS = 512, 64
 WARM_START_STEPS, WARM_START_LR = 200, 3e-3
@@ -283,6 +283,8 @@ def save_model(model, folder: Path) -> None:
     process whatever its rank. ``save_pretrained`` writes nothing on a process other than global rank 0 once a
     process group has started, and each machine builds its own cache: node 1's would get no model."""
     folder.mkdir(parents=True, exist_ok=True)
+    model.config.dtype = str(model.dtype).split(".")[1]  # what save_pretrained records before writing the config:
+    model.config.architectures = [type(model).__name__]  # TRL's create_model_from_path reads the class from here
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
     safetensors.torch.save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
