@@ -111,10 +111,8 @@ class Assets:
     model_dir: Path
     files: dict[str, str]  # "<hub id>:<split>" -> local file
 
-    def exists(self) -> bool:  # the model's files too: a cache from before the fix below lacked them on other nodes
-        return all(
-            (self.root / name).is_file() for name in ("COMPLETE", "model/config.json", "model/model.safetensors")
-        )
+    def exists(self) -> bool:
+        return (self.root / "COMPLETE").is_file()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
