@@ -121,8 +121,10 @@ def render_help(prog: str) -> str:
 
 
 def fail(message: str, status: int = 2) -> int:
-    """A one-line error on stderr (no traceback); ``status`` is the exit status."""
-    print(f"hf_grpo: error: {message}", file=sys.stderr)  # noqa: T201
+    """A one-line error on stderr (no traceback); ``status`` is the exit status. One write with its newline: the
+    processes of a launch share stderr, and unbuffered (PYTHONUNBUFFERED) print's two writes could join their lines."""
+    sys.stderr.write(f"hf_grpo: error: {message}\n")
+    sys.stderr.flush()
     return status
 
 
