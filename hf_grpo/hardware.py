@@ -16,7 +16,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from .generation.vllm_install import NO_VLLM, VLLMInstall, find_vllm
@@ -135,103 +135,145 @@ def hardware_problems(
 
     ``values`` are the recipe's explicit keys, ``defaults`` the defaults of the others; ``layout`` is the resolved
     ``hf_grpo.process_layout.Layout`` and ``generation`` the ``GenerationArguments``. ``vllm_standin``: a miniature, whose
-    CPU stand-ins take the place of vLLM (its engine and its server).
+    CPU stand-ins take the place of vLLM (its engine and its server). The rules: the tables at the end.
     """
-    machine = machine or this_machine()
-    problems: list[str] = []
+    run = Run(values, defaults, layout, generation, machine or this_machine(), vllm_standin)
+    rules = EVERY_MACHINE + (GPU_RULES if run.machine.cuda_devices else CPU_RULES)
+    return [problem for rule in rules if (problem := rule(run)) is not None]
 
-    def get(key):
-        return values.get(key, defaults.get(key))
 
-    distributed = layout.distributed_type
-    if distributed == "DEEPSPEED" and not machine.has("deepspeed"):
-        problems.append(
-            f"accelerate_config {layout.name} uses DeepSpeed, which is not installed here: pip install deepspeed"
+@dataclass(frozen=True)
+class Run:
+    """The recipe (its values over the defaults) and its layout on this machine, with one method per rule below."""
+
+    values: dict
+    defaults: dict
+    layout: Any  # hf_grpo.process_layout.Layout
+    generation: Any  # hf_grpo.generation.layout.GenerationArguments
+    machine: Machine
+    vllm_standin: bool  # a miniature: CPU stand-ins take the place of vLLM's engine and server
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key, self.defaults.get(key))
+
+    def needs_trl_vllm(self) -> bool:
+        """Whether TRL's vLLM runs in the training processes: colocated, or TRL's server client (which imports vllm
+        and syncs full weights over NCCL); never in a miniature."""
+        backend, mode = self.generation.backend, self.get("vllm_mode")
+        trl_vllm = backend is None and bool(self.get("use_vllm")) and mode in ("colocate", "server")
+        full_sync = backend == "vllm_server" and self.generation.sync_mode(self.get("use_peft")) == "full"
+        return not self.vllm_standin and (backend == "vllm_colocate" or trl_vllm or full_sync)
+
+    def starts_vllm(self) -> bool:
+        """Whether the run starts ``vllm serve`` itself (not a custom server command)."""
+        return self.generation.starts_server() and self.generation.serve_command[:1] == ["vllm"]
+
+    def syncs_lora(self) -> bool:
+        return self.generation.sync_mode(self.get("use_peft")) == "lora"
+
+    def deepspeed_missing(self) -> str | None:
+        if self.layout.distributed_type == "DEEPSPEED" and not self.machine.has("deepspeed"):
+            name = self.layout.name
+            return f"accelerate_config {name} uses DeepSpeed, which is not installed here: pip install deepspeed"
+        return None
+
+    def vllm_missing(self) -> str | None:
+        if self.needs_trl_vllm() and not self.machine.has("vllm"):
+            return (
+                "this generation layout runs TRL's vLLM engine in the training processes, and vllm is not installed "
+                "here: pip install -e '.[vllm]' on a GPU machine, or set generation.backend: transformers"
+            )
+        return None
+
+    def pinning_problem(self) -> str | None:
+        """``generation.cpus`` on this machine: cores this process may use, at least one left for training, taskset."""
+        cores = self.generation.cpus
+        if cores is None or not self.generation.starts_server():
+            return None
+        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if not usable or shutil.which("taskset") is None:
+            return "generation.cpus pins processes with taskset (util-linux), which this machine lacks: remove it"
+        unknown = sorted(set(cores) - set(usable))
+        if unknown:
+            return f"generation.cpus {cores}: cores {unknown} are not among this machine's usable cores {usable}"
+        if not set(usable) - set(cores):
+            return f"generation.cpus {cores} leaves no core for training (usable: {usable}): give the server fewer"
+        return None
+
+    def cpu_setting_problem(self, setting: CpuSetting) -> str | None:
+        """A value of ``CPU_SETTINGS`` that a CPU cannot run, with the value that it can."""
+        value = self.get(setting.key)
+        if setting.error and setting.applies(value):
+            return f"{setting.key}: {_yaml(value)}: {setting.reason}; set {setting.key}: {_yaml(setting.cpu_value)}"
+        return None
+
+    def cpu_mixed_precision(self) -> str | None:
+        precision = accelerate_mixed_precision(self.layout.mixed_precision)
+        if precision not in ("bf16", "fp16"):
+            return None
+        launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+        source = "accelerate launch runs with" if launched else f"accelerate_config {self.layout.name} has"
+        return (
+            f"{source} mixed_precision {precision}, which needs a GPU; pass --mixed_precision "
+            f"{CPU_MIXED_PRECISION} to accelerate launch"
         )
-    vllm_needed = generation.backend == "vllm_colocate" or (
-        generation.backend is None and get("use_vllm") and get("vllm_mode") == "colocate"
-    )
-    server_full_sync = generation.backend == "vllm_server" and generation.sync_mode(get("use_peft")) == "full"
-    if server_full_sync or (generation.backend is None and get("use_vllm") and get("vllm_mode") == "server"):
-        vllm_needed = True  # TRL's server client imports vllm and syncs weights over NCCL
-    if vllm_standin:
-        vllm_needed = False
-    if vllm_needed and not machine.has("vllm"):
-        problems.append(
-            "this generation layout runs TRL's vLLM engine in the training processes, and vllm is not installed "
-            "here: pip install -e '.[vllm]' on a GPU machine, or set generation.backend: transformers"
-        )
 
-    if generation.cpus is not None and generation.starts_server():
-        problems += _pinning_problems(generation.cpus)
-    if machine.cuda_devices == 0:
-        for setting in CPU_SETTINGS:
-            if setting.error and setting.applies(get(setting.key)):
-                fix = f"{setting.key}: {_yaml(setting.cpu_value)}"
-                problems.append(f"{setting.key}: {_yaml(get(setting.key))}: {setting.reason}; set {fix}")
-        precision = accelerate_mixed_precision(layout.mixed_precision)
-        if precision in ("bf16", "fp16"):
-            source = (
-                "accelerate launch runs with"
-                if os.environ.get("ACCELERATE_MIXED_PRECISION")
-                else f"accelerate_config {layout.name} has"
+    def cpu_fsdp(self) -> str | None:
+        if self.layout.distributed_type == "FSDP":
+            return (
+                f"accelerate_config {self.layout.name} is FSDP, which accelerate runs only on GPUs (without one it "
+                "would silently train plain data parallel); use a GPU machine, or ddp / zero2 / zero3 on a CPU"
             )
-            problems.append(
-                f"{source} mixed_precision {precision}, which needs a GPU; pass --mixed_precision "
-                f"{CPU_MIXED_PRECISION} to accelerate launch"
-            )
-        if distributed == "FSDP":
-            problems.append(
-                f"accelerate_config {layout.name} is FSDP, which accelerate runs only on GPUs (without one it would "
-                "silently train plain data parallel); use a GPU machine, or ddp / zero2 / zero3 on a CPU"
-            )
-        starts_vllm = generation.starts_server() and generation.serve_command[:1] == ["vllm"]  # not a custom one
-        installed = machine.vllm
-        lora_sync = generation.sync_mode(get("use_peft")) == "lora"
-        if starts_vllm and lora_sync and installed.problem and not vllm_standin:
-            problems.append(f"generation.backend vllm_server starts {installed.describe()}")
-            starts_vllm = False  # said above, with its fix
-        elif starts_vllm and lora_sync and installed.runs_on_cpu:
-            starts_vllm = False  # vLLM's CPU build serves here; adapter sync needs nothing more of the trainer
-        if vllm_needed or (starts_vllm and not vllm_standin):
-            problems.append(
-                f"generation.backend {generation.backend or 'vllm (use_vllm)'} needs vLLM on CUDA GPUs and this "
+        return None
+
+    def broken_vllm_server(self) -> str | None:
+        """The vLLM server the run starts (adapter sync) cannot start from the installed vLLM (the text says why)."""
+        installed = self.machine.vllm
+        if self.starts_vllm() and self.syncs_lora() and installed.problem and not self.vllm_standin:
+            return f"generation.backend vllm_server starts {installed.describe()}"
+        return None
+
+    def cpu_vllm(self) -> str | None:
+        """vLLM without CUDA: TRL's engine in training, or a server the run starts, except one syncing adapters from
+        a broken install (said by ``broken_vllm_server``) or from vLLM's CPU build (which serves here)."""
+        installed = self.machine.vllm
+        excused = self.syncs_lora() and (bool(installed.problem) or installed.runs_on_cpu)
+        if self.needs_trl_vllm() or (self.starts_vllm() and not excused and not self.vllm_standin):
+            return (
+                f"generation.backend {self.generation.backend or 'vllm (use_vllm)'} needs vLLM on CUDA GPUs and this "
                 "machine has none; set generation.backend: transformers"
             )
-    else:
-        problems += _gpu_problems(get, layout, generation, machine, vllm_standin)
-    return problems
+        return None
 
-
-def _pinning_problems(cores: list[int]) -> list[str]:
-    """``generation.cpus`` on this machine: cores this process may use, at least one left for training, taskset."""
-    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not usable or shutil.which("taskset") is None:
-        return ["generation.cpus pins processes with taskset (util-linux), which this machine lacks: remove it"]
-    unknown = sorted(set(cores) - set(usable))
-    if unknown:
-        return [f"generation.cpus {cores}: cores {unknown} are not among this machine's usable cores {usable}"]
-    if not set(usable) - set(cores):
-        return [f"generation.cpus {cores} leaves no core for training (usable: {usable}): give the server fewer"]
-    return []
-
-
-def _gpu_problems(get, layout, generation, machine: Machine, vllm_standin: bool) -> list[str]:
-    """What a GPU machine lacks for the recipe: enough GPUs for the processes and the server, bf16 support."""
-    problems = []
-    # a miniature's stand-in server runs on the CPU and takes no GPU
-    server = len(generation.server_gpus()) if generation.starts_server() and not vllm_standin else 0
-    per_machine = layout.num_processes // max(layout.num_machines, 1)
-    if per_machine + server > machine.cuda_devices:
+    def too_few_gpus(self) -> str | None:
+        """Enough GPUs for the processes on this machine and the server (a miniature's stand-in server takes none)."""
+        server = len(self.generation.server_gpus()) if self.generation.starts_server() and not self.vllm_standin else 0
+        per_machine = self.layout.num_processes // max(self.layout.num_machines, 1)
+        gpus = self.machine.cuda_devices
+        if per_machine + server <= gpus:
+            return None
         server_text = f" + {server} vLLM server GPU(s) (generation.gpus)" if server else ""
-        problems.append(
-            f"{per_machine} training process(es) per machine{server_text} need {per_machine + server} GPUs and "
-            f"this machine has {machine.cuda_devices}: set num_processes (or --num_processes) to "
-            f"{max(machine.cuda_devices - server, 1)}"
+        return (
+            f"{per_machine} training process(es) per machine{server_text} need {per_machine + server} GPUs and this "
+            f"machine has {gpus}: set num_processes (or --num_processes) to {max(gpus - server, 1)}"
         )
-    if get("bf16") is True and not machine.bf16:
-        problems.append("bf16: true needs a GPU with bf16 (Ampere or newer); set bf16: false and fp16: true")
-    return problems
+
+    def gpu_without_bf16(self) -> str | None:
+        if self.get("bf16") is True and not self.machine.bf16:
+            return "bf16: true needs a GPU with bf16 (Ampere or newer); set bf16: false and fp16: true"
+        return None
+
+
+# The rules, in the order their problems are listed: each takes the ``Run`` and returns its problem or None.
+EVERY_MACHINE = (Run.deepspeed_missing, Run.vllm_missing, Run.pinning_problem)
+CPU_RULES = (
+    *(partial(Run.cpu_setting_problem, setting=setting) for setting in CPU_SETTINGS),
+    Run.cpu_mixed_precision,
+    Run.cpu_fsdp,
+    Run.broken_vllm_server,
+    Run.cpu_vllm,
+)
+GPU_RULES = (Run.too_few_gpus, Run.gpu_without_bf16)
 
 
 def _yaml(value: Any) -> str:

@@ -127,7 +127,6 @@ def test_batch_plan_arithmetic():
     plan = batch_plan(
         {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 8, "num_generations": 16},
         num_processes=16,
-        where="x",
     )
     assert plan.completions_per_optimizer_step == 512
     assert plan.prompts_per_generation == 32

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import ModelArguments
 from ..data.loaders import LOCAL_BUILDERS, TRL_COLUMNS, DataArguments, is_local_file
+from ..generation.cycle import overlap_cycle
 from ..generation.layout import GenerationArguments, check_generation
 from ..process_layout import Layout
 from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
@@ -45,36 +46,36 @@ INTERVALS = {"save_steps": "save_strategy", "logging_steps": "logging_strategy",
 HALF_DTYPES = ("bfloat16", "float16")
 
 
-def check_env(env: Any, where: str) -> dict[str, str]:
+def check_env(env: Any) -> dict[str, str]:
     """The recipe's ``env`` section as strings: variable names only, no secrets, scalar values."""
     if not isinstance(env, dict):
-        raise RecipeError(f"{where}: env must be a mapping of VARIABLE: value")
+        raise RecipeError("env must be a mapping of VARIABLE: value")
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise RecipeError(f"{where}: env.{name} is not an environment variable name (letters, digits and _)")
+            raise RecipeError(f"env.{name} is not an environment variable name (letters, digits and _)")
         if SECRET_ENV.search(name):
-            raise RecipeError(f"{where}: env.{name} looks like a secret; export it in the shell, not in a recipe")
+            raise RecipeError(f"env.{name} looks like a secret; export it in the shell, not in a recipe")
         if isinstance(value, (dict, list)) or value is None:
-            raise RecipeError(f"{where}: env.{name} must be a string, number or boolean, got {shown(value)}")
+            raise RecipeError(f"env.{name} must be a string, number or boolean, got {shown(value)}")
     return {k: str(v) for k, v in env.items()}
 
 
-def _check_dataset_file(key: str, name: Any, where: str) -> None:
+def _check_dataset_file(key: str, name: Any) -> None:
     if not isinstance(name, str):
         return
     if is_local_file(name):
         if not Path(name).expanduser().is_file():
-            raise RecipeError(f"{where}: {key}: local file {shown(name)} does not exist")
+            raise RecipeError(f"{key}: local file {shown(name)} does not exist")
         return
     suffix = os.path.splitext(name)[1].lower()
     if suffix in UNREADABLE_DATA_SUFFIXES or (suffix and Path(name).expanduser().is_file()):
         raise RecipeError(
-            f"{where}: {key}: {shown(name)} is a {suffix or 'local'} file, which cannot be read as a dataset; convert it "
+            f"{key}: {shown(name)} is a {suffix or 'local'} file, which cannot be read as a dataset; convert it "
             f"to one of {sorted(LOCAL_BUILDERS)} (one problem per row, with a problem and a gold answer column)"
         )
 
 
-def _check_output_dir(output_dir: Any, where: str) -> None:
+def _check_output_dir(output_dir: Any) -> None:
     """``output_dir`` (or the nearest of its parents that exists) must be a directory: mkdir fails after loading."""
     if not isinstance(output_dir, str):
         return
@@ -82,13 +83,11 @@ def _check_output_dir(output_dir: Any, where: str) -> None:
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         what = "is an existing file" if existing == path else f"is under {shown(str(existing))}, which is a file"
-        raise RecipeError(
-            f"{where}: output_dir {shown(output_dir)} {what}; choose a directory path such as outputs/run"
-        )
+        raise RecipeError(f"output_dir {shown(output_dir)} {what}; choose a directory path such as outputs/run")
     if existing is not None and not _writable(existing):
         where_not = "" if existing == path else f" (nearest existing folder: {shown(str(existing))})"
         raise RecipeError(
-            f"{where}: output_dir {shown(output_dir)} cannot be written{where_not}; choose a directory you can write, "
+            f"output_dir {shown(output_dir)} cannot be written{where_not}; choose a directory you can write, "
             "such as outputs/run"
         )
 
@@ -108,47 +107,47 @@ def _writable(directory: Path) -> bool:
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "adapter_model.*")
 
 
-def _check_model_folder(folder: Path, where: str) -> None:
+def _check_model_folder(folder: Path) -> None:
     """A local model folder holds a config and weights (an empty folder or an unfinished copy otherwise fails only
     when ``from_pretrained`` runs, with transformers' traceback)."""
     if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
         raise RecipeError(
-            f"{where}: model_name_or_path: folder {shown(str(folder))} has no config.json (an empty folder or an "
+            f"model_name_or_path: folder {shown(str(folder))} has no config.json (an empty folder or an "
             "unfinished download?); point it at a folder written by save_pretrained"
         )
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise RecipeError(
-            f"{where}: model_name_or_path: folder {shown(str(folder))} has a config.json but no weights "
+            f"model_name_or_path: folder {shown(str(folder))} has a config.json but no weights "
             "(model.safetensors, model-*.safetensors or pytorch_model*.bin); copy them there or fix the path"
         )
 
 
-def check_files(values: dict, where: str, built_later: set[str] = frozenset()) -> None:
+def check_files(values: dict, built_later: set[str] = frozenset()) -> None:
     """Every file, directory and reward the recipe names exists (``built_later``: a model a miniature builds)."""
     for key in ("dataset_name", "eval_dataset_name"):
-        _check_dataset_file(key, values.get(key), where)
+        _check_dataset_file(key, values.get(key))
     model = values.get("model_name_or_path")
     local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
     if local and model not in built_later and not Path(model).expanduser().exists():
-        raise RecipeError(f"{where}: model_name_or_path: local path {shown(model)} does not exist")
+        raise RecipeError(f"model_name_or_path: local path {shown(model)} does not exist")
     if isinstance(model, str) and model not in built_later and Path(model).expanduser().is_dir():
-        _check_model_folder(Path(model).expanduser(), where)
-    _check_output_dir(values.get("output_dir"), where)
+        _check_model_folder(Path(model).expanduser())
+    _check_output_dir(values.get("output_dir"))
     deepspeed = values.get("deepspeed")
     if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
-        raise RecipeError(f"{where}: deepspeed: config file {shown(deepspeed)} does not exist")
+        raise RecipeError(f"deepspeed: config file {shown(deepspeed)} does not exist")
     resume = values.get("resume_from_checkpoint")
     if isinstance(resume, str) and resume.lower() not in ("true", "auto") and not Path(resume).expanduser().exists():
-        raise RecipeError(f"{where}: resume_from_checkpoint: {shown(resume)} does not exist")
+        raise RecipeError(f"resume_from_checkpoint: {shown(resume)} does not exist")
     for name in values.get("reward_funcs") or []:
         try:
             resolve_reward(name)
         except RewardLoadError as exc:
-            raise RecipeError(f"{where}: {clipped(exc)}") from None
+            raise RecipeError(clipped(exc)) from None
     kwargs = values.get("reward_kwargs") or {}
     unknown = set(kwargs) - set(values.get("reward_funcs") or RewardArguments().reward_funcs)
     if unknown:
-        raise RecipeError(f"{where}: reward_kwargs names {sorted(unknown)}, which are not in reward_funcs")
+        raise RecipeError(f"reward_kwargs names {sorted(unknown)}, which are not in reward_funcs")
 
 
 def infer_task(data: DataArguments, reward_funcs: list[str]) -> str | None:
@@ -159,17 +158,15 @@ def infer_task(data: DataArguments, reward_funcs: list[str]) -> str | None:
     return tasks.pop() if len(tasks) == 1 else None
 
 
-def check_data(data: DataArguments, where: str) -> None:
+def check_data(data: DataArguments) -> None:
     """The grader and the columns of the dataset are known before anything loads."""
     if data.dataset_streaming:
-        raise RecipeError(
-            f"{where}: dataset_streaming is not supported; use max_train_samples to bound a large dataset"
-        )
+        raise RecipeError("dataset_streaming is not supported; use max_train_samples to bound a large dataset")
     for name in filter(None, (data.dataset_name, data.eval_dataset_name)):
         spec = data.resolved(None if name == data.dataset_name else name)
         if spec["task"] not in TASKS:
             raise RecipeError(
-                f"{where}: dataset {shown(name)} needs task: one of {list(TASKS)} (how gold answers are graded); "
+                f"dataset {shown(name)} needs task: one of {list(TASKS)} (how gold answers are graded); "
                 f"got {spec['task']!r}"
             )
         if not is_local_file(name):
@@ -179,7 +176,7 @@ def check_data(data: DataArguments, where: str) -> None:
             default = TRL_COLUMNS[key]  # a dataset in TRL's format: used when the data has the column
             if spec[key] is None and default not in columns:
                 raise RecipeError(
-                    f"{where}: dataset {shown(name)} has no {default!r} column (TRL's name), so set {key} to the column "
+                    f"dataset {shown(name)} has no {default!r} column (TRL's name), so set {key} to the column "
                     f"that holds it{f'; columns: {sorted(columns)}' if columns else ''}"
                 )
 
@@ -197,28 +194,27 @@ def _local_columns(path: str) -> set[str]:
     return set(record) if isinstance(record, dict) else set()
 
 
-def check_sampling_metric(values: dict, rewards: RewardArguments, where: str) -> None:
+def check_sampling_metric(values: dict, rewards: RewardArguments) -> None:
     """``dynamic_sampling_metric`` is ``reward`` or names one of the rewards."""
     reward_names = [reward_name(n) for n in rewards.reward_funcs]
     metric = values.get("dynamic_sampling_metric", "reward")
     if metric != "reward" and metric not in reward_names:
         raise RecipeError(
-            f"{where}: dynamic_sampling_metric {shown(metric)} is neither 'reward' nor one of the "
-            f"reward_funcs {reward_names}"
+            f"dynamic_sampling_metric {shown(metric)} is neither 'reward' nor one of the reward_funcs {reward_names}"
         )
 
 
-def check_reward_weights(values: dict, rewards: RewardArguments, where: str) -> None:
+def check_reward_weights(values: dict, rewards: RewardArguments) -> None:
     """``reward_weights`` has one weight per reward."""
     weights = values.get("reward_weights")
     if weights is not None and len(weights) != len(rewards.reward_funcs):
         raise RecipeError(
-            f"{where}: reward_weights has {len(weights)} entries but reward_funcs has "
+            f"reward_weights has {len(weights)} entries but reward_funcs has "
             f"{len(rewards.reward_funcs)}; give one weight per reward"
         )
 
 
-def check_lora_keys(values: dict, in_file: set[str], on_command_line: set[str], where: str) -> None:
+def check_lora_keys(values: dict, in_file: set[str], on_command_line: set[str]) -> None:
     """LoRA keys do nothing without use_peft: true. ``--use_peft false`` on the command line turns a LoRA recipe into
     full fine-tuning, so only LoRA keys from the same place as (or a later place than) use_peft: false are refused."""
     if values.get("use_peft", False):
@@ -228,19 +224,19 @@ def check_lora_keys(values: dict, in_file: set[str], on_command_line: set[str], 
     if lora:
         state = "use_peft: false" if "use_peft" in values else "use_peft is false (the default)"
         raise RecipeError(
-            f"{where}: {lora[0]} is set but {state}, so the LoRA settings {lora} would be ignored; set use_peft: true "
+            f"{lora[0]} is set but {state}, so the LoRA settings {lora} would be ignored; set use_peft: true "
             "to train a LoRA adapter, or remove them for full fine-tuning"
         )
 
 
-def check_intervals(values: dict, where: str) -> None:
+def check_intervals(values: dict) -> None:
     """A ``*_strategy: steps`` needs a positive interval (``0`` makes transformers divide by zero mid-run)."""
     for key, strategy_key in INTERVALS.items():
         strategy = values.get(strategy_key, default_of(strategy_key))
         value = values.get(key, default_of(key))
         if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and value <= 0:
             raise RecipeError(
-                f"{where}: {key} must be > 0 with {strategy_key}: steps, got {shown(value)}; set {key} to a number of "
+                f"{key} must be > 0 with {strategy_key}: steps, got {shown(value)}; set {key} to a number of "
                 f"steps (or a fraction of the run below 1), or set {strategy_key}: 'no'"
             )
 
@@ -255,27 +251,27 @@ def _known_train_rows(data: DataArguments) -> tuple[int, str] | None:
     return min(bounds) if bounds else None
 
 
-def check_steps(values: dict, plan: BatchPlan, data: DataArguments, where: str) -> None:
+def check_steps(values: dict, plan: BatchPlan, data: DataArguments) -> None:
     """A run that would make no optimizer step (it would exit 0 having trained nothing) is an error."""
     max_steps = values.get("max_steps", default_of("max_steps"))
     epochs = values.get("num_train_epochs", default_of("num_train_epochs"))
     if max_steps == 0 or (max_steps < 0 and epochs <= 0):
         raise RecipeError(
-            f"{where}: max_steps {max_steps} with num_train_epochs {epochs} makes 0 optimizer steps; set max_steps "
+            f"max_steps {max_steps} with num_train_epochs {epochs} makes 0 optimizer steps; set max_steps "
             "to a positive number of steps, or num_train_epochs > 0"
         )
     known = _known_train_rows(data)
     if known is not None and plan.prompts_per_generation > known[0]:
         rows, key = known
         raise RecipeError(
-            f"{where}: per_device_train_batch_size {plan.per_device_train_batch_size}: one generation needs "
+            f"per_device_train_batch_size {plan.per_device_train_batch_size}: one generation needs "
             f"{plan.prompts_per_generation} prompts ({plan.completions_per_generation} completions / num_generations "
             f"{plan.num_generations}) but the training data has at most {rows} rows ({key}), so the run would make 0 "
             "optimizer steps; lower per_device_train_batch_size (or steps_per_generation), or use more data"
         )
 
 
-def check_generation_section(generation: GenerationArguments, model: ModelArguments, values: dict, where: str) -> None:
+def check_generation_section(generation: GenerationArguments, model: ModelArguments, values: dict) -> None:
     """The generation section fits the model (LoRA rank, adapters vLLM can load) and the training keys."""
     problems = check_generation(generation, model.use_peft, model.lora_r, set(values))
     if generation.backend == "vllm_server" and generation.sync_mode(model.use_peft) == "lora":
@@ -300,36 +296,27 @@ def check_generation_section(generation: GenerationArguments, model: ModelArgume
             "correction reweights; remove vllm_importance_sampling_correction: false"
         )
     if problems:
-        raise RecipeError(f"{where}: " + "; ".join(problems))
+        raise RecipeError("; ".join(problems))
 
 
-def check_overlap_cycle(generation: GenerationArguments, plan: BatchPlan, num_iterations: int, where: str) -> None:
-    """With ``generation.overlap``, generations start optimizer steps and the staleness bound covers one cycle (the
-    trainer checks the same for API users, after the model has loaded)."""
-    if not generation.overlap:
-        return
-    every, ga = plan.steps_per_generation * num_iterations, plan.gradient_accumulation_steps
-    if every % ga:
-        raise RecipeError(
-            f"{where}: generation.overlap needs steps_per_generation x num_iterations ({every}) to be a multiple of "
-            f"gradient_accumulation_steps ({ga}), so that every generation starts an optimizer step"
-        )
-    if generation.max_staleness < every // ga:
-        raise RecipeError(
-            f"{where}: generation.max_staleness {generation.max_staleness} is below the {every // ga} optimizer steps "
-            f"one generation serves (steps_per_generation x num_iterations / gradient_accumulation_steps), so no "
-            f"round can be sent ahead; set generation.max_staleness to {every // ga} or more"
-        )
+def check_overlap_cycle(generation: GenerationArguments, plan: BatchPlan, num_iterations: int) -> None:
+    """With ``generation.overlap``, generations start optimizer steps and the staleness bound covers one cycle
+    (``hf_grpo.generation.cycle``; the trainer checks the same for API users, after the model has loaded)."""
+    if generation.overlap:
+        steps, ga = plan.steps_per_generation, plan.gradient_accumulation_steps
+        _, problems = overlap_cycle(generation.max_staleness, steps, num_iterations, ga)
+        if problems:
+            raise RecipeError(problems[0])
 
 
-def check_precision(model: ModelArguments, layout: Layout, where: str) -> None:
+def check_precision(model: ModelArguments, layout: Layout) -> None:
     """Full fine-tuning of half-precision weights needs fp32 master weights, which only DeepSpeed keeps (why: see
     docs/recipes.md, "Precision"); PEFT creates LoRA adapters in fp32, so a LoRA recipe may load a bf16 base."""
     if model.use_peft or model.dtype not in HALF_DTYPES or layout.distributed_type == "DEEPSPEED":
         return
     raise RecipeError(
-        f"{where}: dtype: {model.dtype} with use_peft: false trains {model.dtype} weights without fp32 master "
-        f"weights (only DeepSpeed keeps them), so updates smaller than the weights' rounding step are lost; set "
-        f"dtype: float32 and keep bf16: true (mixed precision: bf16 compute, fp32 weights and optimizer), or use a "
-        "DeepSpeed accelerate_config"
+        f"dtype: {model.dtype} with use_peft: false trains {model.dtype} weights without fp32 master weights (only "
+        "DeepSpeed keeps them), so updates smaller than the weights' rounding step are lost; set dtype: float32 and "
+        "keep bf16: true (mixed precision: bf16 compute, fp32 weights and optimizer), or use a DeepSpeed "
+        "accelerate_config"
     )

@@ -28,7 +28,7 @@ LONG_MAX_MODEL_LEN = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"  # vLLM's switch for a max_
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "azure_ml": "azureml-core", "flyte": "flytekit"}
 
 
-def check_report_to(values: dict, where: str) -> None:
+def check_report_to(values: dict) -> None:
     """Each tracker is one transformers knows, and its package is installed (both fail only once training starts)."""
     # transformers' integrations probe many optional packages: loaded when a recipe is checked, not on import
     from transformers.integrations import integration_utils as integrations
@@ -40,37 +40,37 @@ def check_report_to(values: dict, where: str) -> None:
         if tracker not in known:
             close = difflib.get_close_matches(str(tracker), known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise RecipeError(f"{where}: report_to: unknown tracker {tracker!r}; {hint}known: {sorted(known)}")
+            raise RecipeError(f"report_to: unknown tracker {tracker!r}; {hint}known: {sorted(known)}")
         if tracker not in ("all", "none") and tracker not in integrations.get_available_reporting_integrations():
             package = TRACKER_PACKAGES.get(tracker, tracker.replace("_", "-"))
             raise RecipeError(
-                f"{where}: report_to: {tracker!r} needs the {package} package, which is not installed; "
+                f"report_to: {tracker!r} needs the {package} package, which is not installed; "
                 f"pip install {package}, or remove {tracker} from report_to"
             )
 
 
-def check_push(values: dict, env: dict[str, str], where: str) -> None:
+def check_push(values: dict, env: dict[str, str]) -> None:
     """What the push after training needs, checked before it: a repo id, a token, the Hub reachable, one push."""
     if not values.get("hub_model_id"):
         raise RecipeError(
-            f"{where}: push_to_hub needs hub_model_id (e.g. your-name/qwen7b-grpo); the token comes "
+            "push_to_hub needs hub_model_id (e.g. your-name/qwen7b-grpo); the token comes "
             "from the HF_TOKEN environment variable"
         )
     if env_token() is None:
         raise RecipeError(
-            f"{where}: push_to_hub: true but there is no Hugging Face token in the environment, so the push after "
+            "push_to_hub: true but there is no Hugging Face token in the environment, so the push after "
             "training would fail: export HF_TOKEN=hf_... (write access) before the run, or set push_to_hub: false"
         )
     offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _is_set(name, env)]
     if offline:
         raise RecipeError(
-            f"{where}: push_to_hub: true but {offline[0]} is set, so the push after training would fail: unset it "
+            f"push_to_hub: true but {offline[0]} is set, so the push after training would fail: unset it "
             "(and load the model and data from local paths), or set push_to_hub: false"
         )
     strategy = values.get("hub_strategy")
     if strategy is not None and str(strategy) not in ("end", "HubStrategy.END"):
         raise RecipeError(
-            f"{where}: hub_strategy: {strategy} is not supported: hf_grpo pushes once, at the end, with the held-out "
+            f"hub_strategy: {strategy} is not supported: hf_grpo pushes once, at the end, with the held-out "
             "results in the model card; remove hub_strategy (or set it to end)"
         )
 
@@ -85,7 +85,7 @@ def _dataset_cached(name: str) -> bool:
     return hub.is_dir() or prepared.is_dir()
 
 
-def check_offline(data: DataArguments, env: dict[str, str], where: str) -> None:
+def check_offline(data: DataArguments, env: dict[str, str]) -> None:
     """Offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), a hub dataset other than a preset must be mirrored locally or
     already cached (a preset's splits are checked when they load: ``--miniature`` mirrors them)."""
     if not (_is_set("HF_HUB_OFFLINE", env) or _is_set("HF_DATASETS_OFFLINE", env)):
@@ -97,7 +97,7 @@ def check_offline(data: DataArguments, env: dict[str, str], where: str) -> None:
             continue
         key = "dataset_name" if name == data.resolved()["name"] else "eval_dataset_name"
         raise RecipeError(
-            f"{where}: {key}: hub dataset {name!r} (split {split!r}) cannot be downloaded offline (HF_HUB_OFFLINE or "
+            f"{key}: hub dataset {name!r} (split {split!r}) cannot be downloaded offline (HF_HUB_OFFLINE or "
             f"HF_DATASETS_OFFLINE is set) and is not cached; unset the variable, use a local file, or map "
             f"'{name}:{split}' to one in dataset_mirror"
         )
@@ -133,7 +133,7 @@ def _module_names(model: ModelArguments, trust_remote_code: bool) -> dict[str, b
     return {name: not any(module.children()) for name, module in built.named_modules()}
 
 
-def check_lora_targets(model: ModelArguments, values: dict, where: str, built_later: set) -> None:
+def check_lora_targets(model: ModelArguments, values: dict, built_later: set) -> None:
     """Each ``lora_target_modules`` entry matches a module of the policy (checked on a meta-device copy)."""
     targets = model.lora_target_modules
     if (
@@ -150,7 +150,7 @@ def check_lora_targets(model: ModelArguments, values: dict, where: str, built_la
             if any(re.fullmatch(targets, n) for n in names):
                 return
         except re.error as exc:
-            raise RecipeError(f"{where}: lora_target_modules: {targets!r} is not a valid regex ({exc})") from None
+            raise RecipeError(f"lora_target_modules: {targets!r} is not a valid regex ({exc})") from None
         targets = [targets]
     missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
@@ -158,7 +158,7 @@ def check_lora_targets(model: ModelArguments, values: dict, where: str, built_la
         close = difflib.get_close_matches(missing[0], leaves, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise RecipeError(
-            f"{where}: lora_target_modules: {missing} match no module of {model.model_name_or_path}; {hint}its "
+            f"lora_target_modules: {missing} match no module of {model.model_name_or_path}; {hint}its "
             f"layers are {leaves}, or write lora_target_modules: all-linear"
         )
 
@@ -182,7 +182,7 @@ def _contexts(model: ModelArguments, trust_remote_code: bool) -> tuple[int, int]
 
 
 def check_sizes(
-    model: ModelArguments, values: dict, generation: GenerationArguments, env: dict, where: str, built_later: set
+    model: ModelArguments, values: dict, generation: GenerationArguments, env: dict, built_later: set
 ) -> None:
     """Prompt + completion fit the model's context (its config, read without loading weights), as
     ``hf_grpo.data.lengths.prompt_budget`` checks again once the tokenizer loads; a miniature's model is built later
@@ -202,9 +202,9 @@ def check_sizes(
     for key, value in lengths.items():
         if value > longest and not _is_set(LONG_MAX_MODEL_LEN, env):
             raise RecipeError(
-                f"{where}: {key} {value} is longer than the model's context ({source}), which vLLM refuses: set "
-                f"{key} to {longest} or less (or remove it), or export {LONG_MAX_MODEL_LEN}=1 if the model "
-                "handles longer inputs"
+                f"{key} {value} is longer than the model's context ({source}), which vLLM refuses: set {key} to "
+                f"{longest} or less (or remove it), or export {LONG_MAX_MODEL_LEN}=1 if the model handles longer "
+                "inputs"
             )
     completion = values.get("max_completion_length")
     if completion is None:  # TRL's default (512) with the tiny model's 256 is refused when the data loads
@@ -216,13 +216,13 @@ def check_sizes(
         context, source = lengths[key], key
     if completion >= context:
         raise RecipeError(
-            f"{where}: max_completion_length {completion} leaves no room for a prompt in a context of {context} "
+            f"max_completion_length {completion} leaves no room for a prompt in a context of {context} "
             f"tokens ({source}): lower max_completion_length below {context}"
         )
 
 
 def check_hardware(
-    values: dict, layout: Layout, generation: GenerationArguments, miniature: bool, for_run: bool, where: str
+    values: dict, layout: Layout, generation: GenerationArguments, miniature: bool, for_run: bool
 ) -> list[str]:
     """What this machine cannot run; for a run (not a dry run) any of it is an error."""
     hardware = hardware_problems(values, key_defaults(), layout, generation, vllm_standin=miniature)
@@ -231,5 +231,5 @@ def check_hardware(
         hardware.append(f"model_name_or_path: {local_models.missing_message(name)}")
     if hardware and for_run:
         hint = "" if miniature else f"; {MINIATURE_HINT}"
-        raise RecipeError(f"{where}: this machine cannot run it: " + " | ".join(hardware) + hint)
+        raise RecipeError("this machine cannot run it: " + " | ".join(hardware) + hint)
     return hardware

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .schema import NESTED, RecipeError, field_index, nested_index
+from .schema import NESTED, RecipeError, field_index, located, nested_index
 from .values import check_nested, check_value, coerce, shown
 from .yaml12 import load_yaml
 
@@ -84,7 +84,7 @@ def _parse_override(key: str, raw: str | None, hint: Any = None) -> Any:
         takes_collection = hint is not None and (coerce([], hint)[0] or coerce({}, hint)[0])
         if takes_collection and raw.lstrip().startswith(("[", "{")):
             raise RecipeError(
-                f"command line --{key}: {shown(raw)} is not a valid YAML list or mapping ({getattr(exc, 'problem', exc)}); "
+                f"{shown(raw)} is not a valid YAML list or mapping ({getattr(exc, 'problem', exc)}); "
                 f"write it as --{key} '[a, b]'"
             ) from None
         return raw
@@ -102,9 +102,10 @@ def apply_overrides(raw_overrides: dict[str, str | None], values: dict, nested: 
     index = field_index()
     for key, raw in raw_overrides.items():
         section, dot, sub = key.partition(".")
-        if dot and section in NESTED:
-            _, hint = nested_index(section).get(sub, (None, None))
-            nested[section][sub] = check_nested(section, sub, _override_value(key, raw, hint), f"command line --{key}")
-            continue
-        _, f, hint = index[key]
-        values[key] = check_value(key, _override_value(key, raw, hint), hint, f, f"command line --{key}")
+        with located(f"command line --{key}"):
+            if dot and section in NESTED:
+                _, hint = nested_index(section).get(sub, (None, None))
+                nested[section][sub] = check_nested(section, sub, _override_value(key, raw, hint))
+            else:
+                _, f, hint = index[key]
+                values[key] = check_value(key, _override_value(key, raw, hint), hint, f)

@@ -27,7 +27,7 @@ from ..process_layout import (
     unnamed_node_message,
 )
 from ..rewards import RewardArguments
-from . import checks, checks_env, shipped
+from . import checks, checks_env, schema, shipped
 from .command_line import apply_overrides, split_argv
 from .plan import batch_plan
 from .schema import NESTED, SECTIONS, BatchPlan, Recipe, RecipeError, field_index, key_defaults, section_values
@@ -47,7 +47,8 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     path_arg, overrides, flags = split_argv(argv)
     path, from_file = _recipe_path(path_arg, overrides)
     data = read_yaml(path)
-    env = checks.check_env(data.pop("env", {}) or {}, str(path))
+    with schema.located(str(path)):
+        env = checks.check_env(data.pop("env", {}) or {})
     values, nested = _checked_values(data, overrides, str(path))
     sources = _sources(values, nested, overrides, from_file)
     nested["generation"], chosen = auto_backend(nested["generation"])  # before a miniature reads the section
@@ -56,29 +57,30 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     where = (
         f"{path} (with {' '.join(f'--{key}' for key in overrides)} from the command line)" if overrides else str(path)
     )
-    _check_keys_together(values, set(data), set(overrides), sources, where)
     miniature = None
-    if "miniature" in flags:
-        values, miniature = _swap_in_miniature(values, nested, set(overrides), sources, where)
-        where = f"{where} (miniature)"
-    built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
-    checks.check_files(values, where, built_later)
-    launch = _build("launch", values, where)
-    layout = _layout(launch, path.parent, miniature, for_run, where)
-    plan = batch_plan(values, layout.num_processes, where)
-    model = _build_model(values, where)
-    data_args, rewards = _build("data", values, where), _build("rewards", values, where)
-    _check_built(values, env, miniature, plan, model, data_args, rewards, built_later, where)
-    generation = GenerationArguments(**nested["generation"])
-    checks.check_generation_section(generation, model, values, where)
-    if generation.overlap and "vllm_importance_sampling_mode" not in values:  # why: hf_grpo/generation/overlap.py
-        values["vllm_importance_sampling_mode"] = "token_truncate"
-        sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
-    checks_env.check_sizes(model, values, generation, env, where, built_later)
-    checks.check_precision(model, layout, where)
-    hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run, where)
-    training = _training_config(values, plan, generation, model.use_peft, layout, for_run, where)
-    checks.check_overlap_cycle(generation, plan, training.num_iterations, where)
+    with schema.located(where):
+        _check_keys_together(values, set(data), set(overrides), sources)
+        if "miniature" in flags:
+            values, miniature = _swap_in_miniature(values, nested, set(overrides), sources)
+    with schema.located(f"{where} (miniature)" if miniature is not None else where):
+        built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
+        checks.check_files(values, built_later)
+        launch = _build("launch", values)
+        layout = _layout(launch, path.parent, miniature, for_run)
+        plan = batch_plan(values, layout.num_processes)
+        model = _build_model(values)
+        data_args, rewards = _build("data", values), _build("rewards", values)
+        _check_built(values, env, miniature, plan, model, data_args, rewards, built_later)
+        generation = GenerationArguments(**nested["generation"])
+        checks.check_generation_section(generation, model, values)
+        if generation.overlap and "vllm_importance_sampling_mode" not in values:  # why: hf_grpo/generation/overlap.py
+            values["vllm_importance_sampling_mode"] = "token_truncate"
+            sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
+        checks_env.check_sizes(model, values, generation, env, built_later)
+        checks.check_precision(model, layout)
+        hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run)
+        training = _training_config(values, plan, generation, model.use_peft, layout, for_run)
+        checks.check_overlap_cycle(generation, plan, training.num_iterations)
     if nested["generation"]:
         values["generation"] = nested["generation"]
     recipe = Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, generation, env)
@@ -109,21 +111,25 @@ def _recipe_path(path_arg: str | None, overrides: dict) -> tuple[Path, str]:
     return default_recipe_path(), f"tiny default ({DEFAULT_RECIPE}, no recipe given)"
 
 
-def _checked_values(data: dict, overrides: dict, where: str) -> tuple[dict[str, Any], dict[str, dict]]:
-    """(flat values, nested sections) of the file and the command line, each key known and each value checked."""
+def _checked_values(data: dict, overrides: dict, path: str) -> tuple[dict[str, Any], dict[str, dict]]:
+    """(flat values, nested sections) of the file and the command line, each key known and each value checked; an
+    error names the recipe file (``path``) or the command line."""
     index = field_index()
     values: dict[str, Any] = {}
     nested: dict[str, dict] = {section: {} for section in NESTED}
-    check_known_keys([k for k in data if k not in NESTED], index, where)
-    check_known_keys([k for k in overrides if k.partition(".")[0] not in NESTED], index, "command line")
-    for key, value in data.items():
-        if key in NESTED:
-            if not isinstance(value, dict):
-                raise RecipeError(f"{where}: {key} must be a mapping of key: value")
-            nested[key] = {k: check_nested(key, k, v, where) for k, v in value.items()}
-            continue
-        _, f, hint = index[key]
-        values[key] = check_value(key, value, hint, f, where)
+    with schema.located(path):
+        check_known_keys([k for k in data if k not in NESTED], index)
+    with schema.located("command line"):
+        check_known_keys([k for k in overrides if k.partition(".")[0] not in NESTED], index, options=True)
+    with schema.located(path):
+        for key, value in data.items():
+            if key in NESTED:
+                if not isinstance(value, dict):
+                    raise RecipeError(f"{key} must be a mapping of key: value")
+                nested[key] = {k: check_nested(key, k, v) for k, v in value.items()}
+                continue
+            _, f, hint = index[key]
+            values[key] = check_value(key, value, hint, f)
     apply_overrides(overrides, values, nested)
     return values, nested
 
@@ -136,14 +142,14 @@ def _sources(values: dict, nested: dict, overrides: dict, from_file: str) -> dic
     return sources
 
 
-def _check_keys_together(values: dict, in_file: set, on_command_line: set, sources: dict, where: str) -> None:
+def _check_keys_together(values: dict, in_file: set, on_command_line: set, sources: dict) -> None:
     """The checks that span several values, then the task the rewards imply (before a miniature mirrors the data in
     the task's answer format)."""
-    checks.check_lora_keys(values, in_file, on_command_line, where)
-    checks.check_intervals(values, where)
-    checks_env.check_report_to(values, where)
-    reward_funcs = _build("rewards", values, where).reward_funcs
-    inferred = checks.infer_task(_build("data", values, where), reward_funcs)
+    checks.check_lora_keys(values, in_file, on_command_line)
+    checks.check_intervals(values)
+    checks_env.check_report_to(values)
+    reward_funcs = _build("rewards", values).reward_funcs
+    inferred = checks.infer_task(_build("data", values), reward_funcs)
     if inferred is not None:
         values["task"] = inferred
         sources["task"] = f"inferred from reward_funcs ({', '.join(reward_funcs)})"
@@ -157,26 +163,26 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
     return miniatures.miniaturize(values, generation, fixed, key_defaults(), data, reward_funcs)
 
 
-def _swap_in_miniature(values: dict, nested: dict, fixed: set, sources: dict, where: str) -> tuple[dict, Miniature]:
+def _swap_in_miniature(values: dict, nested: dict, fixed: set, sources: dict) -> tuple[dict, Miniature]:
     """The recipe's miniature (``--miniature``): new values and generation section, and what was swapped."""
     try:
         values, nested["generation"], miniature = miniaturize(values, nested["generation"], fixed)
     except ValueError as exc:
-        raise RecipeError(f"{where}: --miniature: {clipped(exc)}") from None
+        raise RecipeError(f"--miniature: {clipped(exc)}") from None
     sources.update({swap.key: "--miniature" for swap in miniature.swaps})
     return values, miniature
 
 
-def _build(section: str, values: dict, where: str):
+def _build(section: str, values: dict):
     cls, kwargs = SECTIONS[section], section_values(values, section)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise RecipeError(f"{where}: {clipped(exc)}") from None
+        raise RecipeError(clipped(exc)) from None
 
 
-def _build_model(values: dict, where: str) -> ModelArguments:
-    model = _build("model", values, where)
+def _build_model(values: dict) -> ModelArguments:
+    model = _build("model", values)
     folder = local_models.resolve(model.model_name_or_path)
     if folder is not None:  # a model from the package index (hf-grpo model get): its folder is what loads
         model.model_name_or_path = folder
@@ -187,40 +193,38 @@ def _build_model(values: dict, where: str) -> ModelArguments:
     return model
 
 
-def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None, for_run: bool, where: str) -> Layout:
+def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None, for_run: bool) -> Layout:
     """The process layout (accelerate config), with a miniature's CPU mixed precision; with several machines, a run
     (not a miniature, which can simulate them here) must say which node this is."""
     try:
         layout = resolve_layout(launch, base_dir)
     except (FileNotFoundError, ValueError) as exc:
-        raise RecipeError(f"{where}: {clipped(exc)}") from None
+        raise RecipeError(clipped(exc)) from None
     rank, machines = layout.machine_rank, layout.num_machines
     if machines > 1 and rank is not None and not 0 <= rank < machines:
-        raise RecipeError(f"{where}: machine_rank is {rank}, but num_machines is {machines}: use 0 to {machines - 1}")
+        raise RecipeError(f"machine_rank is {rank}, but num_machines is {machines}: use 0 to {machines - 1}")
     if for_run and machines > 1 and miniature is None and not inside_launch() and not layout.names_node():
-        raise RecipeError(f"{where}: {unnamed_node_message(machines)}")
+        raise RecipeError(unnamed_node_message(machines))
     if for_run and (problem := loopback_host_problem(layout, gloo=not torch.cuda.is_available())):
-        raise RecipeError(f"{where}: {problem}")  # before any process group waits on an address no peer reaches
+        raise RecipeError(problem)  # before any process group waits on an address no peer reaches
     if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
         layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
     return layout
 
 
-def _check_built(values, env, miniature, plan, model, data_args, rewards, built_later, where: str) -> None:
+def _check_built(values, env, miniature, plan, model, data_args, rewards, built_later) -> None:
     """The checks that need the built sections: data, offline datasets, steps, LoRA targets, rewards, push."""
-    checks.check_data(data_args, where)
-    checks_env.check_offline(data_args, {**(miniature.env if miniature is not None else {}), **env}, where)
-    checks.check_steps(values, plan, data_args, where)
-    checks_env.check_lora_targets(model, values, where, built_later)
-    checks.check_sampling_metric(values, rewards, where)
+    checks.check_data(data_args)
+    checks_env.check_offline(data_args, {**(miniature.env if miniature is not None else {}), **env})
+    checks.check_steps(values, plan, data_args)
+    checks_env.check_lora_targets(model, values, built_later)
+    checks.check_sampling_metric(values, rewards)
     if values.get("push_to_hub"):
-        checks_env.check_push(values, env, where)
-    checks.check_reward_weights(values, rewards, where)
+        checks_env.check_push(values, env)
+    checks.check_reward_weights(values, rewards)
 
 
-def _training_config(
-    values, plan: BatchPlan, generation, use_peft: bool, layout, for_run: bool, where
-) -> HfGRPOConfig:
+def _training_config(values, plan: BatchPlan, generation, use_peft: bool, layout, for_run: bool) -> HfGRPOConfig:
     """The training config. It trains only in the process that runs it: a dry run, or the launcher of several
     processes (whose world size is not the run's), checks it with the planned batch and hardware-bound settings
     neutralised."""
@@ -231,7 +235,7 @@ def _training_config(
     try:
         return HfGRPOConfig(**training_values)
     except (ValueError, TypeError) as exc:
-        raise RecipeError(f"{where}: {clipped(exc)}") from None
+        raise RecipeError(clipped(exc)) from None
 
 
 def _validation_training_values(values: dict, plan: BatchPlan) -> dict:

@@ -9,7 +9,7 @@ from ..config import HfGRPOConfig
 from .schema import BatchPlan, RecipeError
 
 
-def batch_plan(values: dict, num_processes: int, where: str) -> BatchPlan:
+def batch_plan(values: dict, num_processes: int) -> BatchPlan:
     """Batch arithmetic for ``num_processes``; RecipeError when it cannot form whole prompt groups."""
     defaults = {f.name: f.default for f in dataclasses.fields(HfGRPOConfig)}
 
@@ -24,18 +24,16 @@ def batch_plan(values: dict, num_processes: int, where: str) -> BatchPlan:
         ("num_generations", g),
     ):
         if value is None or value < 1:
-            raise RecipeError(f"{where}: {key} must be a positive integer, got {value!r}")
+            raise RecipeError(f"{key} must be a positive integer, got {value!r}")
     if g < 2:
-        raise RecipeError(f"{where}: num_generations must be at least 2 (GRPO compares completions), got {g}")
+        raise RecipeError(f"num_generations must be at least 2 (GRPO compares completions), got {g}")
     global_batch = pdb * num_processes
     if spg is not None and gbs is not None:
-        raise RecipeError(
-            f"{where}: set generation_batch_size or steps_per_generation, not both (got {gbs} and {spg})"
-        )
+        raise RecipeError(f"set generation_batch_size or steps_per_generation, not both (got {gbs} and {spg})")
     if gbs is not None:
         if gbs % global_batch:
             raise RecipeError(
-                f"{where}: generation_batch_size {gbs} is not divisible by per_device_train_batch_size {pdb} x "
+                f"generation_batch_size {gbs} is not divisible by per_device_train_batch_size {pdb} x "
                 f"{num_processes} processes = {global_batch}; use a multiple of {global_batch}"
             )
         spg = gbs // global_batch
@@ -44,20 +42,19 @@ def batch_plan(values: dict, num_processes: int, where: str) -> BatchPlan:
     if plan.completions_per_generation % g:
         multiple = g // math.gcd(g, num_processes)
         raise RecipeError(
-            f"{where}: completions per generation ({pdb} per device x {spg} steps_per_generation x {num_processes} "
+            f"completions per generation ({pdb} per device x {spg} steps_per_generation x {num_processes} "
             f"processes = {plan.completions_per_generation}) is not divisible by num_generations {g}; make "
             f"per_device_train_batch_size x steps_per_generation a multiple of {multiple}, or change num_generations"
         )
     if get("dynamic_sampling") and (pdb * spg) % g:
         raise RecipeError(
-            f"{where}: dynamic_sampling keeps or drops whole prompt groups on each process, so "
-            f"per_device_train_batch_size x steps_per_generation ({pdb} x {spg} = {pdb * spg}) must be a multiple "
-            f"of num_generations {g}"
+            "dynamic_sampling keeps or drops whole prompt groups on each process, so per_device_train_batch_size x "
+            f"steps_per_generation ({pdb} x {spg} = {pdb * spg}) must be a multiple of num_generations {g}"
         )
     g_eval, pde = get("num_generations_eval") or g, get("per_device_eval_batch_size")
     if get("eval_strategy") not in ("no", None) and (pde * num_processes) % g_eval:
         raise RecipeError(
-            f"{where}: eval batch per_device_eval_batch_size {pde} x {num_processes} processes is not "
+            f"eval batch per_device_eval_batch_size {pde} x {num_processes} processes is not "
             f"divisible by num_generations_eval {g_eval}; set per_device_eval_batch_size to a multiple of {g_eval}"
         )
     return plan

@@ -3,9 +3,11 @@ the validated result (``Recipe``, ``BatchPlan``, ``RecipeError``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,16 @@ NESTED = {"generation": GenerationArguments}  # sections written as a YAML mappi
 
 class RecipeError(Exception):
     """A problem with a recipe or its overrides; the message says which key, which value and how to fix it."""
+
+
+@contextlib.contextmanager
+def located(where: str) -> Iterator[None]:
+    """Say where (the recipe file, a command-line option) in front of a ``RecipeError`` raised inside: the checks
+    raise without a location, and the one that runs them (``load_recipe``, ``apply_overrides``) adds it once."""
+    try:
+        yield
+    except RecipeError as exc:
+        raise RecipeError(f"{where}: {exc}") from None
 
 
 @functools.cache

@@ -110,13 +110,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_domain(key: str, value: Any, default: Any, where: str) -> None:
+def _check_domain(key: str, value: Any, default: Any) -> None:
     """Refuse a number outside the key's domain (NaN and infinities included), before anything is built."""
     for number in value if isinstance(value, list) else [value]:
         if isinstance(number, float) and not math.isfinite(number):
-            raise RecipeError(
-                f"{where}: {key} must be a finite number, got {shown(number)}; write a number such as 1.0"
-            )
+            raise RecipeError(f"{key} must be a finite number, got {shown(number)}; write a number such as 1.0")
     domain = DOMAINS.get(key)
     if domain is None or not _is_number(value) or _inside(value, domain):
         return
@@ -125,7 +123,7 @@ def _check_domain(key: str, value: Any, default: Any, where: str) -> None:
         fix = f"set {key}: {default!r} (its default) or another value {rule}"
     else:
         fix = f"set a value {rule}, or remove {key}"
-    raise RecipeError(f"{where}: {key} must be {rule}, got {shown(value)}; {fix}")
+    raise RecipeError(f"{key} must be {rule}, got {shown(value)}; {fix}")
 
 
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -186,31 +184,29 @@ def _non_finite_text(text: str) -> bool:
         return False
 
 
-def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: str) -> Any:
+def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field) -> Any:
     """Type-check and coerce one value; RecipeError names the key, the value and the expected type."""
     if key in SECRET_KEYS and value is not None:
-        raise RecipeError(f"{where}: {key} must not be set in a recipe; export HF_TOKEN in the environment instead")
+        raise RecipeError(f"{key} must not be set in a recipe; export HF_TOKEN in the environment instead")
     ok, coerced = coerce(value, hint)
     if not ok and isinstance(value, str) and coerce(1.0, hint)[0] and _non_finite_text(value):
-        raise RecipeError(f"{where}: {key} must be a finite number, got {shown(value)}; set a finite {key}")
+        raise RecipeError(f"{key} must be a finite number, got {shown(value)}; set a finite {key}")
     if not ok:
         hint_text = ""
         if isinstance(value, bool) and coerce("x", hint)[0]:
             hint_text = (
                 f" (YAML reads an unquoted yes/no/true/false as a boolean; write {key}: '{str(value).lower()}')"
             )
-        raise RecipeError(
-            f"{where}: {key} must be {_type_name(hint)}, got {shown(value)} ({type(value).__name__}){hint_text}"
-        )
+        raise RecipeError(f"{key} must be {_type_name(hint)}, got {shown(value)} ({type(value).__name__}){hint_text}")
     enums = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)]
     choices = f.metadata.get("choices") or KNOWN_CHOICES.get(key)
     if enums and isinstance(coerced, str):  # `IntervalStrategy | str` accepts any string, TrainingArguments does not
         choices = [m.value for m in enums[0]]
     if choices is not None and coerced is not None and coerced not in choices:
-        raise RecipeError(f"{where}: {key} must be one of {list(choices)}, got {shown(coerced)}")
-    _check_domain(key, coerced, f.default, where)
+        raise RecipeError(f"{key} must be one of {list(choices)}, got {shown(coerced)}")
+    _check_domain(key, coerced, f.default)
     if key in FORMATS and isinstance(coerced, str):
-        FORMATS[key](key, coerced, where)
+        FORMATS[key](key, coerced)
     return coerced
 
 
@@ -218,12 +214,12 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field, where: st
 HUB_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]{1,96}$", re.ASCII)
 
 
-def _check_hub_id(key: str, value: str, where: str) -> None:
+def _check_hub_id(key: str, value: str) -> None:
     """A Hub repository id, checked now rather than at the push after training."""
     bad = not HUB_ID.match(value) or "--" in value or ".." in value or value.endswith(".git")
     if bad or any(part.startswith(("-", ".")) or part.endswith(("-", ".")) for part in value.split("/")):
         raise RecipeError(
-            f"{where}: {key} {shown(value)} is not a Hub repository id; write name or namespace/name with letters, "
+            f"{key} {shown(value)} is not a Hub repository id; write name or namespace/name with letters, "
             "digits, '-', '_' and '.' (e.g. your-name/qwen7b-grpo)"
         )
 
@@ -232,17 +228,15 @@ def _check_hub_id(key: str, value: str, where: str) -> None:
 FORMATS = {"hub_model_id": _check_hub_id}
 
 
-def check_nested(section: str, key: str, value: Any, where: str) -> Any:
+def check_nested(section: str, key: str, value: Any) -> Any:
     """``check_value`` for ``section.key`` of a nested section (``generation.backend``)."""
     known = nested_index(section)
     if not isinstance(key, str):
-        raise RecipeError(
-            f"{where}: key {shown(key)} in {section} is not a name; see `python -m hf_grpo.train --help`"
-        )
+        raise RecipeError(f"key {shown(key)} in {section} is not a name; see `python -m hf_grpo.train --help`")
     if key not in known:
-        raise RecipeError(f"{where}: unknown key {section}.{key}{did_you_mean(key, known)}")
+        raise RecipeError(f"unknown key {section}.{key}{did_you_mean(key, known)}")
     f, hint = known[key]
-    return check_value(f"{section}.{key}", value, hint, f, where)
+    return check_value(f"{section}.{key}", value, hint, f)
 
 
 # Keys of TRL, transformers or open-r1 recipes that were renamed or removed: the exact replacement comes first.
@@ -272,18 +266,18 @@ RENAMED = {
 }
 
 
-def check_known_keys(keys: list, index: dict, where: str) -> None:
+def check_known_keys(keys: list, index: dict, options: bool = False) -> None:
     """Every unknown key at once, each with its replacement: a TRL or open-r1 recipe is fixed in one pass, not one
-    refusal per key."""
+    refusal per key (``options``: the keys are command-line options, named ``--key``)."""
     unknown = [k for k in keys if k not in index]
     if not unknown:
         return
-    named = [f"--{k}" if where == "command line" else repr(k) for k in unknown]
+    named = [f"--{k}" if options else repr(k) for k in unknown]
     if len(unknown) == 1:
-        what = "option" if where == "command line" else "key"
-        raise RecipeError(f"{where}: unknown {what} {named[0]}{did_you_mean(unknown[0], index)}")
+        what = "option" if options else "key"
+        raise RecipeError(f"unknown {what} {named[0]}{did_you_mean(unknown[0], index)}")
     items = " | ".join(f"{n}{did_you_mean(k, index)}" for n, k in zip(named, unknown, strict=True))
-    raise RecipeError(f"{where}: {len(unknown)} unknown keys, each with its fix: {items}")
+    raise RecipeError(f"{len(unknown)} unknown keys, each with its fix: {items}")
 
 
 def did_you_mean(key: str, known) -> str:
