@@ -1,19 +1,31 @@
-"""Dynamic sampling (DAPO, https://huggingface.co/papers/2503.14476): which prompt groups to keep, and the pool of
-kept groups that fills each batch exactly.
+"""Dynamic sampling (DAPO, https://huggingface.co/papers/2503.14476): keep only the prompt groups whose rewards
+differ, and generate further rounds until every process has a full batch of them.
 
-Pure tensor bookkeeping, unit-tested on hand-made rewards: ``keep_mask`` (a group is kept when its values are not
-all equal), ``split_groups`` / ``collate_groups``, ``GroupPool`` (kept and carried-over groups, first in first out),
-``PromptStream`` (the extra prompts of later rounds) and ``save_state`` / ``load_state``. Details: docs/trainer.md.
+``DynamicSampler`` is what the trainer calls, once per generation (``batch``), with two functions of its own: one
+that generates and scores a round (returning TRL's scored batch and the values to filter on) and one that computes
+log-probabilities. Under it, pure tensor bookkeeping, unit-tested on hand-made rewards: ``keep_mask`` (a group is
+kept when its values are not all equal), ``split_groups`` / ``collate_groups``, ``GroupPool`` (kept and carried-over
+groups, first in first out), ``PromptStream`` (the extra prompts of later rounds) and ``save_state`` /
+``load_state``. Prompt selection by reward history plugs in as a ``selection.Selector``. Details: docs/trainer.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from .progress import DeferredBar
+from .selection import Selector
+
+
+logger = logging.getLogger(__name__)
 
 
 Group = dict[str, torch.Tensor]  # every tensor has G rows
@@ -233,3 +245,168 @@ def load_selection(checkpoint: str, rank: int) -> dict:
             "with prompt_selection: false, or start a new run"
         )
     return selection
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The rounds of one step
+
+ScoreRound = Callable[[list[dict]], tuple[dict, torch.Tensor]]  # rows -> (TRL's scored batch, values [B*G global])
+OldLogps = Callable[[dict], torch.Tensor]  # a collated batch -> its completions' per-token log-probs [B, C]
+
+
+class DynamicSampler:
+    """One process's dynamic sampling: the prompt stream of further rounds, the pool of kept groups carried between
+    steps, prompt selection (optional) and the digest of every keep decision (tests compare it across processes).
+
+    ``accelerator`` is only gathered through; ``dataset`` gives the rows of further rounds; ``max_staleness`` (overlapped
+    generation) drops carried groups an older policy generated and trims the pool from the oldest; ``further_round``
+    is called with (round index, this process's rows) before such a round is scored (overlap generates it now).
+    """
+
+    def __init__(
+        self,
+        accelerator,
+        dataset,
+        num_generations: int,
+        *,
+        seed: int,
+        max_rounds: int,
+        exhausted: str,
+        pad_token_id: int,
+        selector: Selector | None = None,
+        max_staleness: int | None = None,
+        further_round: Callable[[int, list[dict]], None] | None = None,
+        progress: bool = False,
+    ):
+        self.accelerator, self.dataset, self.num_generations = accelerator, dataset, num_generations
+        self.max_rounds, self.exhausted, self.pad_token_id = max_rounds, exhausted, pad_token_id
+        self.selector, self.max_staleness, self.further_round = selector, max_staleness, further_round
+        self.progress = progress
+        self.stream = PromptStream(len(dataset), seed)
+        self.pool = GroupPool()
+        self.keep_digest = hashlib.sha256()
+
+    def _gather(self, value: int) -> torch.Tensor:
+        return self.accelerator.gather(torch.tensor([value], device=self.accelerator.device))  # [P]
+
+    def batch(
+        self, inputs: list[dict], step: int, score: ScoreRound, old_logps: OldLogps, token_keys: tuple[str, ...]
+    ) -> tuple[dict, dict[str, float]]:
+        """Step ``step``'s batch for this process from the dataloader's ``inputs`` (``num_generations`` rows per
+        prompt): rounds of ``score`` until every process holds as many kept groups as ``inputs`` has, or
+        ``max_rounds``; then the batch and the step's metrics (``dynamic_sampling/*``, ``selection/*``)."""
+        needed = len(inputs) // self.num_generations  # groups this process trains on
+        metrics = {}
+        if self.max_staleness is not None:  # carried groups older than generation.max_staleness are not trained on
+            metrics["async/stale_dropped"] = self.pool.drop_older(step - 1 - self.max_staleness)
+        carried = len(self.pool)
+        if self.selector is not None and self.max_staleness is None:  # overlap sent round 1 before it was known
+            inputs = self.selector.first_round(inputs, self.stream, step, self.accelerator.process_index)
+        dropped, output, rounds, generated, kept = self._rounds(inputs, step, score, needed, token_keys)
+        batch_groups, filled = assemble_batch(self.pool, dropped, needed)
+        # Rounds run until the process with the fewest kept groups has enough; the others keep at most one step's
+        # worth, or their surplus would grow without bound and wait ever longer (GroupPool).
+        surplus = self.pool.trim(needed, keep_newest=self.max_staleness is not None)
+        exhausted = self._check_exhausted(filled, needed, kept / generated, step)
+        if "old_per_token_logps" not in output:  # TRL did not need them; carried groups do (docs/trainer.md)
+            missing = [g for g in self.pool.groups if "old_per_token_logps" not in g]
+            if any("old_per_token_logps" in g for g in batch_groups):
+                missing += [g for g in batch_groups if "old_per_token_logps" not in g]
+            self._fill_old_logps(missing, batch_groups[0], old_logps, token_keys)
+        batch = collate_groups(batch_groups, self.pad_token_id, token_keys)
+        if filled:  # fill groups come last; out of the loss, or beta > 0 adds their KL gradient and dapo their tokens
+            batch["completion_mask"][-filled * self.num_generations :] = 0  # [B, C]
+            rows = batch["advantages"].size(0)  # [B]: out of the row count of row-mean losses too (compute_loss)
+            batch["filled"] = (
+                torch.arange(rows, device=batch["advantages"].device) >= rows - filled * self.num_generations
+            )
+        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        metrics |= {
+            "dynamic_sampling/rounds": rounds,
+            "dynamic_sampling/kept_fraction": kept / generated,
+            "dynamic_sampling/generated_per_trained": generated / (needed * self.accelerator.num_processes),
+            "dynamic_sampling/carried_in": carried,
+            "dynamic_sampling/carry_out": len(self.pool),
+            "dynamic_sampling/surplus_dropped": surplus,
+            "dynamic_sampling/exhausted": float(exhausted > 0),
+        }
+        return batch, metrics | (self.selector.end_step(kept / generated) if self.selector is not None else {})
+
+    def _rounds(self, inputs, step: int, score: ScoreRound, needed: int, token_keys) -> tuple:
+        """Score rounds into the pool until every process has ``needed`` groups or ``max_rounds`` ran; returns
+        (this step's dropped groups, the last scored batch, rounds, groups generated and kept by all processes)."""
+        g, rank, processes = self.num_generations, self.accelerator.process_index, self.accelerator.num_processes
+        dropped: list[Group] = []
+        rounds, generated, kept = 0, 0, 0
+        # Extra rounds get a bar (main process, a terminal or a notebook, not with disable_tqdm) of the groups ready
+        # for this process's batch; the usual single round draws nothing. Every round is logged at DEBUG.
+        with DeferredBar(
+            needed, f"step {step}: dynamic sampling", enabled=self.progress, unit="group", leave=False
+        ) as bar:
+            while True:
+                rounds += 1
+                output, values = score(inputs)  # values: [B*G global]
+                keep_global = keep_mask(values, g).cpu()  # [groups of all processes]
+                if self.selector is not None:
+                    self.selector.record_round(inputs, keep_global, values, step)
+                self.keep_digest.update(bytes(keep_global.to(torch.uint8).tolist()))
+                keep_local = keep_global.view(processes, -1)[rank].tolist()  # [groups of this process]
+                groups = split_groups(output, g, token_keys)
+                self.pool.add([group for group, k in zip(groups, keep_local, strict=True) if k])
+                dropped += [group for group, k in zip(groups, keep_local, strict=True) if not k]
+                generated, kept = generated + keep_global.numel(), kept + int(keep_global.sum())
+                ready = min(int(self._gather(len(self.pool)).min()), needed)
+                kept_now = f"{int(keep_global.sum())}/{keep_global.numel()} groups kept, {ready}/{needed} ready"
+                logger.debug("dynamic sampling, step %d round %d/%d: %s", step, rounds, self.max_rounds, kept_now)
+                if ready >= needed or rounds >= self.max_rounds:
+                    return dropped, output, rounds, generated, kept
+                bar.show(ready, f"round {rounds + 1}/{self.max_rounds}, {kept}/{generated} groups kept")
+                inputs = self._next_round(needed, step, index=rounds)
+
+    def _next_round(self, groups: int, step: int, index: int) -> list[dict]:
+        """Further round ``index``: this process's share of the stream's next prompts, each num_generations times."""
+        rank, total = self.accelerator.process_index, groups * self.accelerator.num_processes
+        if self.selector is None:
+            indices = self.stream.next(total)
+        else:  # past the prompts the reward history skips
+            indices = self.selector.draw(self.stream, total, step, index)
+        rows = [self.dataset[i] for i in indices[rank * groups : (rank + 1) * groups]]
+        if self.further_round is not None:  # overlapped: drawn as a synchronous run draws them, generated now
+            self.further_round(index, rows)
+        return [row for row in rows for _ in range(self.num_generations)]
+
+    def _fill_old_logps(self, groups: list, dummy: Group, old_logps: OldLogps, token_keys) -> None:
+        """Add ``old_per_token_logps`` to ``groups``. Every process runs the same number of forward passes (padding
+        with copies of ``dummy``), since under ZeRO-3 a forward pass is a collective operation."""
+        count = int(self._gather(len(groups)).max())
+        if count == 0:
+            return
+        logps = old_logps(collate_groups(groups + [dummy] * (count - len(groups)), self.pad_token_id, token_keys))
+        for i, group in enumerate(groups):  # logps: [count * G, C]
+            rows = slice(i * self.num_generations, (i + 1) * self.num_generations)
+            group["old_per_token_logps"] = logps[rows, : group["completion_ids"].size(1)]
+
+    def _check_exhausted(self, filled: int, needed: int, kept_fraction: float, step: int) -> int:
+        """The most groups any process had to fill after the last round; an error or a warning when any did."""
+        exhausted = int(self._gather(filled).max())
+        if exhausted:
+            message = (
+                f"dynamic sampling: after max_generation_batches={self.max_rounds} rounds a process still lacked "
+                f"{exhausted} of {needed} groups with varying rewards ({1 - kept_fraction:.0%} of generated groups "
+                "had all-equal rewards); the prompts are too easy or too hard for the policy"
+            )
+            if self.exhausted == "error":
+                raise RuntimeError(message + ". Raise max_generation_batches or set dynamic_sampling_exhausted: fill.")
+            logger.warning("%s; filled the batch with zero-advantage groups (step %d)", message, step - 1)
+        return exhausted
+
+    def save(self, folder: str, rank: int) -> None:
+        selection = self.selector.history.state_dict() if self.selector is not None else None
+        save_state(folder, rank, self.stream, self.pool, self.keep_digest.hexdigest(), selection)
+
+    def load(self, checkpoint: str, rank: int) -> None:
+        overlap = self.max_staleness is not None
+        self.pool = load_state(checkpoint, rank, self.stream, self.accelerator.device, overlap=overlap)
+        if self.selector is not None:
+            self.selector.history.load_state_dict(load_selection(checkpoint, rank))

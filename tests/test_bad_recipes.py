@@ -1,7 +1,7 @@
 """Bad recipes: each is refused before anything loads, with exit code 2 and one line naming the key and the fix.
 
-Most cases run ``hf_grpo.train.main`` in-process (fast); a few run ``python -m hf_grpo.train`` as a subprocess for
-what only a fresh interpreter shows (undecodable files, a directory, a real run that must not load the model).
+Each case runs ``hf_grpo.train.main`` in-process (fast); what only a fresh interpreter shows (undecodable files, a
+directory, a real run that must not load the model): tests/test_bad_recipes_subprocess.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from hf_grpo.train import main
 
-from .helpers.common import REPO, run_module
+from .helpers.common import REPO
 
 
 TINY = str(REPO / "recipes" / "tiny.yaml")
@@ -331,61 +331,6 @@ def test_single_lora_target_stays_a_module_name(capsys):
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_shipped_recipe_still_dry_runs(recipe, capsys):
     assert main([str(recipe), "--dry-run"]) == 0, capsys.readouterr().err
-
-
-# Subprocesses: what only a fresh interpreter shows.
-
-
-# A fresh interpreter spends most of its time importing torch, transformers and TRL (5-15 s on 2 busy cores), which
-# the recipe check needs (its config classes are TRL's). The bound is on what comes after: a refusal within 10 s of
-# a bare interpreter that only imports the same modules (measured once per module); for the real run, also that
-# output_dir was never created.
-CHECK_SECONDS = 10
-
-
-@pytest.fixture(scope="module")
-def import_seconds() -> float:
-    start = time.monotonic()
-    result = run_module("hf_grpo.recipe.load", timeout=120)  # imports what the check imports, then exits (no __main__)
-    assert result.returncode == 0, result.stderr
-    return time.monotonic() - start
-
-
-def assert_refused_by_module(args: list[str], must_mention: str, import_seconds: float) -> None:
-    start = time.monotonic()
-    result = run_module("hf_grpo.train", *args, timeout=120)
-    elapsed = time.monotonic() - start
-    lines = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
-    assert result.returncode == 2, result.stderr
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    assert must_mention in lines[0], lines[0]
-    assert elapsed - import_seconds < CHECK_SECONDS, (elapsed, import_seconds)
-
-
-@pytest.mark.parametrize(
-    ("content", "mention"),
-    [
-        (b"\xff\xfe\x00\x01\x80\x81binary\x00", "UTF-8"),
-        ("learning_rate: 1e-3\n".encode("utf-16"), "UTF-8"),
-    ],
-    ids=["binary", "utf16"],
-)
-def test_undecodable_recipe_file_subprocess(content, mention, tmp_path, import_seconds):
-    path = tmp_path / "bad.yaml"
-    path.write_bytes(content)
-    assert_refused_by_module([str(path), "--dry-run"], mention, import_seconds)
-
-
-def test_directory_recipe_subprocess(tmp_path, import_seconds):
-    assert_refused_by_module([str(tmp_path), "--dry-run"], "is a directory", import_seconds)
-
-
-def test_real_run_refuses_before_loading_subprocess(tmp_path, import_seconds):
-    # no --dry-run: a real run of a bad recipe exits 2 before any model or dataset loads (< 10 s, no output_dir)
-    out = tmp_path / "run"
-    assert_refused_by_module([TINY, "--output_dir", str(out), "--temperature", "-1"], "temperature", import_seconds)
-    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -16,38 +16,19 @@ from pathlib import Path
 import pytest
 
 from hf_grpo.checkpoints import MANIFEST, CheckpointError, newest_complete, problem, resolve_resume
-from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.launch import free_port
-from hf_grpo.rewards.functions import gsm8k_correctness
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import REPO, run_module, tiny_config, tiny_lora
-from .test_generation import (
-    COMMON,
-    FIXTURE_SERVE,
-    RUN_MARK,
-    kill_marked,
-    marked_processes,
-    wait_until,
-)
+from .helpers.common import REPO, run_module
+from .helpers.launching import COMMON, FIXTURE_SERVE, RUN_MARK, kill_marked, launched, marked_processes, wait_until
+from .helpers.trainers import make_trainer
 
 
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
     """A real 3-step dynamic-sampling run that saved checkpoint-1, -2 and -3 (a single process)."""
     out = tmp_path_factory.mktemp("saved") / "run"
-    tokenizer = build_tokenizer()
-    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
-    trainer = GRPOTrainer(
-        model=build_model(tokenizer, hidden_size=32),
-        reward_funcs=gsm8k_correctness,
-        args=tiny_config(
-            out, save_strategy="steps", save_steps=1, dynamic_sampling=True, dynamic_sampling_exhausted="fill"
-        ),
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
+    trainer = make_trainer(
+        out, save_strategy="steps", save_steps=1, dynamic_sampling=True, dynamic_sampling_exhausted="fill"
     )
     trainer.train()
     return out
@@ -93,13 +74,7 @@ def test_a_save_killed_before_it_completes_keeps_the_previous_checkpoint_with_sa
         real(folder, *args)
 
     monkeypatch.setattr(trainer_module, "write_manifest", killed_at_step_2)
-    tokenizer = build_tokenizer()
-    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
-    args = tiny_config(out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1)
-    trainer = GRPOTrainer(
-        model=build_model(tokenizer, hidden_size=32), reward_funcs=gsm8k_correctness, args=args,
-        train_dataset=train, processing_class=tokenizer, peft_config=tiny_lora(),
-    )  # fmt: skip
+    trainer = make_trainer(out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1)
     with pytest.raises(Killed):
         trainer.train()
     assert problem(out / "checkpoint-1", 1) is None  # complete, with its adapter
@@ -173,7 +148,10 @@ def test_the_cli_refuses_a_damaged_checkpoint_before_loading_anything(run_dir):
     assert "Traceback" not in result.stderr and "warm" not in result.stderr.lower()
 
 
-SLOW_SAVE_HOOK = REPO / "tests" / "scripts" / "slow_checkpoint"
+# the slow_checkpoint sitecustomize, then tests/scripts for the patch_on_import it imports
+SLOW_SAVE_PATH = os.pathsep.join(
+    [str(REPO / "tests" / "scripts" / "slow_checkpoint"), str(REPO / "tests" / "scripts")]
+)
 
 
 @pytest.mark.distributed
@@ -193,20 +171,15 @@ def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and
     env = {**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"}
 
     def signalled(extra, env, ready):
-        launcher = subprocess.Popen(
+        with launched(
             [*command, *extra, "--generation.port", str(free_port())],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
+            mark, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        ) as launcher:  # fmt: skip
             assert wait_until(lambda: ready() or launcher.poll() is not None, 240), marked_processes(mark)
             assert launcher.poll() is None, launcher.stderr.read()[-3000:]
             launcher.send_signal(signal.SIGTERM)
             assert launcher.wait(timeout=120) == 130
             assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
-        finally:
-            kill_marked(mark)
-            if launcher.poll() is None:
-                launcher.kill()
 
     # 1. While the server starts (a server that never becomes healthy: a large model still loading)
     never_healthy = f"[{sys.executable}, -c, 'import time; time.sleep(600)']"
@@ -219,7 +192,7 @@ def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and
     # 2. While both training processes write checkpoint-4 (checkpoint-2 is complete)
     signalled(
         ["--max_steps", "500", "--generation.serve_command", FIXTURE_SERVE],
-        {**env, "PYTHONPATH": str(SLOW_SAVE_HOOK), "HF_GRPO_TEST_SLOW_SAVE": str(flag)},
+        {**env, "PYTHONPATH": SLOW_SAVE_PATH, "HF_GRPO_TEST_SLOW_SAVE": str(flag)},
         flag.exists,
     )
     assert flag.read_text() == str(out / "checkpoint-4")

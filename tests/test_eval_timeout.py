@@ -157,14 +157,14 @@ def test_task_evaluator_counts_a_hanging_grade_as_timeout(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # (b) python -m hf_grpo.evaluate
 
-# Active only with its folder on PYTHONPATH and HF_GRPO_TEST_CANNED set: hf_grpo.evaluation.core.generate returns
-# the completions of that JSON file (prompt -> completion) instead of running the model. The CLI is otherwise as is.
+# Active only with its folder (then tests/scripts, for patch_on_import) on PYTHONPATH and HF_GRPO_TEST_CANNED set:
+# hf_grpo.evaluation.core.generate returns the completions of that JSON file (prompt -> completion) instead of running
+# the model. The CLI is otherwise as is.
 CANNED_SITECUSTOMIZE = """
-import importlib.abc
-import importlib.util
 import json
 import os
-import sys
+
+from patch_on_import import PatchOnImport  # tests/scripts, on PYTHONPATH after the site folder
 
 CANNED = os.environ.get("HF_GRPO_TEST_CANNED")
 
@@ -175,24 +175,8 @@ def canned_generate(model, tokenizer, prompts, max_new_tokens, num_return_sequen
     return [[completions[p]] * num_return_sequences for p in prompts]
 
 
-class PatchOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != "hf_grpo.evaluation.core":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            module.generate = canned_generate
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 if CANNED:
-    sys.meta_path.insert(0, PatchOnImport())
+    PatchOnImport("hf_grpo.evaluation.core", lambda module: setattr(module, "generate", canned_generate)).install()
 """
 
 
@@ -227,7 +211,8 @@ def test_evaluate_cli_counts_a_hanging_grade_as_timeout(tmp_path, tiny_model_dir
     (site / "sitecustomize.py").write_text(CANNED_SITECUSTOMIZE)
     records_path = tmp_path / "records.jsonl"
     args = ["-m", "hf_grpo.evaluate", str(tiny_model_dir), "--recipe", str(recipe), "--split", "train"]
-    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    path = [str(site), str(REPO / "tests" / "scripts"), os.environ.get("PYTHONPATH", "")]
+    env = {"PYTHONPATH": os.pathsep.join(path).rstrip(os.pathsep)}
     env["HF_GRPO_TEST_CANNED"] = str(canned)
     proc, wall = run_python([*args, "--output", str(records_path)], env=env)
     assert proc.returncode == 0, proc.stderr[-5000:]

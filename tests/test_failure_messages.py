@@ -22,7 +22,7 @@ from hf_grpo.train import main
 
 from .helpers.common import REPO
 from .helpers.fake_vllm_server import start_subprocess
-from .test_generation import COMMON, RUN_MARK, kill_marked, marked_processes, wait_until
+from .helpers.launching import COMMON, RUN_MARK, kill_marked, launched, marked_processes, wait_until
 
 
 def test_the_resume_command_repeats_the_arguments_with_resume_auto(monkeypatch):
@@ -93,13 +93,10 @@ def test_ctrl_c_stops_a_launch_quietly_with_what_was_saved_and_the_resume_comman
         "--save_steps", "2", "--num_processes", "2", "--accelerate_config", "cpu", "--eval_before_after", "false",
         "--max_steps", "500",
     ]  # fmt: skip
-    with open(err, "w") as stderr:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "hf_grpo.train", *args],
-            cwd=REPO, env={**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.DEVNULL, stderr=stderr,
-        )  # fmt: skip
-    try:
+    with open(err, "w") as stderr, launched(
+        [sys.executable, "-m", "hf_grpo.train", *args],
+        mark, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=stderr,
+    ) as launcher:  # fmt: skip
         reached = wait_until(
             lambda: (
                 launcher.poll() is not None
@@ -112,10 +109,6 @@ def test_ctrl_c_stops_a_launch_quietly_with_what_was_saved_and_the_resume_comman
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=120) == 130
         assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
-    finally:
-        kill_marked(mark)
-        if launcher.poll() is None:
-            launcher.kill()
     stderr = err.read_text()
     no_traceback(stderr)
     assert "hf_grpo: error:" not in stderr

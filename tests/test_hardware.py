@@ -102,7 +102,6 @@ def test_several_processes_without_a_config_use_the_multi_process_launcher():
     ],
 )
 def test_gpu_recipes_exit_2_before_loading_anything(args, fragments):
-    start = time.monotonic()
     result = run_module("hf_grpo.train", *args, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     line = [x for x in result.stderr.splitlines() if x.startswith("hf_grpo: error:")]
@@ -111,7 +110,6 @@ def test_gpu_recipes_exit_2_before_loading_anything(args, fragments):
         assert fragment in line[0]
     assert "Traceback" not in result.stderr
     assert "warm start" not in result.stderr and "Loading weights" not in result.stderr
-    assert time.monotonic() - start < 60
 
 
 @cpu_only

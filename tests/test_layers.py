@@ -24,7 +24,7 @@ LAYERS = [
         "evaluation.core",
         "evaluation.stats",
         "evaluation.history",
-        "sampling",
+        "dynamic_sampling",
         "selection",
         "advantages",
         "checkpoints",

@@ -31,7 +31,7 @@ from hf_grpo.recipe import RecipeError, load_recipe, miniaturize
 from hf_grpo.train import main
 
 from .helpers.common import REPO
-from .test_generation import free_port
+from .helpers.launching import free_port
 
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -171,6 +171,7 @@ def test_the_mirror_covers_exactly_the_splits_the_loader_reads():
     assert set(new["dataset_mirror"]) == {f"{OPENMATH}:train"} and new["eval_split_size"] == pytest.approx(16 / 512)
 
 
+@pytest.mark.slow  # builds and warm-starts a model (~90 s in tier 1); every miniature run in tier 2 builds these assets too
 def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 

@@ -1,45 +1,23 @@
-"""Overlapped generation (``generation.overlap``, hf_grpo/generation/overlap.py). Tier 1, in-process:
-
-- ``Lookahead`` against a fake generator, trainer and dataloader: which round is generated now and which is sent
-  ahead (seed keys, adapter, version, the dataloader's next cycle's batch; further rounds from the ``PromptStream``),
-  epoch ends, adapters in use, errors re-raised, checkpoints;
-- the trainer through the stand-in vLLM server (in a thread): staleness metrics and their bound, the next step's
-  request reaching the server before the current step's training ends, dynamic sampling's stale carried groups,
-  exact resume from a checkpoint holding a round in flight, a killed server's one-line error;
-- the recipe checks and ``--dry-run`` lines.
+"""Overlapped generation's ``Lookahead`` (``generation.overlap``, hf_grpo/generation/overlap.py), tier 1, in-process,
+against a fake generator, trainer and dataloader: which round is generated now and which is sent ahead (seed keys,
+adapter, version, the dataloader's next cycle's batch; further rounds from dynamic sampling's ``PromptStream``), epoch
+ends, adapters in use, errors re-raised, checkpoints. Whole runs and the recipe checks: tests/test_overlap_runs.py.
 
     .venv/bin/python -m pytest -q tests/test_overlap.py
 """
 
 from __future__ import annotations
 
-import json
 import math
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
+from hf_grpo.dynamic_sampling import DynamicSampler, PromptStream
 from hf_grpo.generation import overlap
-from hf_grpo.generation.layout import GenerationArguments, server_command
 from hf_grpo.generation.overlap import STATE_FILE, Lookahead
 from hf_grpo.generation.vllm_client import VLLMConnectionError
-from hf_grpo.sampling import PromptStream
-from hf_grpo.train import main
-from hf_grpo.trainer import GRPOTrainer
-
-from .helpers.overlap_run import (
-    StepTimes,
-    logged,
-    make_overlap_trainer,
-    record_generate_calls,
-    record_server_requests,
-    record_taken,
-    three_of_four,
-    trainable,
-)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -59,13 +37,13 @@ class FakeGenerator:
         self.hold.set()
         self.fail: BaseException | None = None
 
-    def generate(self, trainer, prompt_ids, num_generations, adapter=None, seed_key=None):
+    def generate(self, prompt_ids, num_generations, step, adapter=None, seed_key=None):
         self.calls.append(
             {
                 "thread": threading.current_thread().name,
                 "adapter": adapter,
                 "seed_key": seed_key,
-                "step": trainer.state.global_step,
+                "step": step,
                 "prompt_ids": prompt_ids,
             }
         )
@@ -83,13 +61,17 @@ class FakeTrainer:
         self.state = SimpleNamespace(global_step=0)
         self.accelerator = SimpleNamespace(process_index=rank, num_processes=processes)
         self.train_dataset = [{"prompt": f"question {i}"} for i in range(size)]
-        self._selector = None  # prompt selection off (GRPOTrainer._next_round_inputs reads it)
 
     def _tokenize_prompts(self, prompts):
         return ([[int(word) for word in p.split()[1:]] + [7] for p in prompts],)
 
 
 G = 2  # num_generations
+
+
+def tokenize(trainer, prompts):
+    """What the trainer hands Lookahead as ``tokenize``: TRL's ``_tokenize_prompts``' prompt ids."""
+    return trainer._tokenize_prompts(prompts)[0]
 
 
 def prompt_ids_of(trainer, rows):
@@ -106,15 +88,15 @@ def epoch(trainer, groups=2, count=6, start=0):
 
 
 def lookahead(generator, trainer, max_staleness=1, cycle_steps=1, accumulation=1):
-    return Lookahead(generator, max_staleness, cycle_steps, G, accumulation)
+    return Lookahead(generator, max_staleness, cycle_steps, G, accumulation, tokenize=lambda p: tokenize(trainer, p))
 
 
 def cycle(ahead, trainer, batches):
     """One optimizer step with one generation, as the trainer runs it: its batch (transformers'
     ``get_batch_samples``), its first round, then TRL's generation for it."""
     (inputs,) = ahead.take(batches, 1)
-    ahead.first_round(trainer, inputs)
-    return inputs, ahead.generate(trainer, prompt_ids_of(trainer, inputs), G)
+    ahead.first_round(trainer.state.global_step, inputs)
+    return inputs, ahead.generate(trainer.state.global_step, prompt_ids_of(trainer, inputs), G)
 
 
 def test_the_first_round_is_generated_now_and_the_next_batch_is_sent_ahead_with_the_current_adapter():
@@ -165,8 +147,8 @@ def test_the_batch_sent_ahead_is_the_first_of_the_next_cycle(cycle_steps, accumu
     batches, expected = epoch(trainer, count=8), list(epoch(trainer, count=8))
     inputs = ahead.take(batches, accumulation)
     assert inputs == expected[:accumulation]
-    ahead.first_round(trainer, inputs[0])
-    ahead.generate(trainer, prompt_ids_of(trainer, inputs[0]), G)
+    ahead.first_round(trainer.state.global_step, inputs[0])
+    ahead.generate(trainer.state.global_step, prompt_ids_of(trainer, inputs[0]), G)
     (planned,) = ahead.planned
     assert (planned.step, planned.rows) == (cycle_steps, expected[sent])
     assert ahead.take(batches, accumulation) == expected[accumulation : 2 * accumulation]  # nothing skipped
@@ -197,14 +179,17 @@ def test_only_a_cycles_first_round_is_sent_ahead_and_further_rounds_use_the_curr
     trainer.state.global_step, gen.adapter_name = 1, "policy-1"
     cycle(ahead, trainer, batches)  # takes the round planned for step 1 and sends step 2's first round only
     assert [(r.step, r.index, r.version) for r in ahead.planned] == [(2, 0, 1)]
-    # a further round of step 1, drawn by the trainer's own code (as in a synchronous run), generated now
-    trainer._stream, trainer._ahead, trainer.num_generations = PromptStream(40, 0), ahead, G
-    rows = GRPOTrainer._next_round_inputs(trainer, 2, index=1)
+    # a further round of step 1, drawn by dynamic sampling's own code (as in a synchronous run), generated now
+    sampler = DynamicSampler(
+        trainer.accelerator, trainer.train_dataset, G, seed=0, max_rounds=4, exhausted="fill", pad_token_id=0,
+        max_staleness=1, further_round=lambda index, rows: ahead.further_round(trainer.state.global_step, index, rows),
+    )  # fmt: skip
+    rows = sampler._next_round(2, step=2, index=1)
     drawn = PromptStream(40, 0).next(4)[2:4]  # rank 1's share of 2 groups x 2 processes
     assert rows == [trainer.train_dataset[i] for i in drawn for _ in range(G)]
     assert ahead.current.version == 1 and ahead.current.prompt_ids is None
     calls = len(gen.calls)
-    ahead.generate(trainer, prompt_ids_of(trainer, rows), G)
+    ahead.generate(trainer.state.global_step, prompt_ids_of(trainer, rows), G)
     assert gen.calls[calls]["adapter"] is None and gen.calls[calls]["seed_key"] == (1, "overlap-1")
     assert ahead.last_version == 1 and [(r.step, r.index) for r in ahead.planned] == [(2, 0)]
 
@@ -225,15 +210,15 @@ def test_a_process_holding_part_of_each_group_gets_its_rows_sent_ahead():
     group. The round sent ahead was one row per group x num_generations (8 rows of one prompt) while TRL generates
     for the process's 4 rows: "step 1's prompts changed after they were sent"."""
     gen, trainer = FakeGenerator(), FakeTrainer()
-    ahead = Lookahead(gen, max_staleness=1, cycle_steps=1, num_generations=8)
+    ahead = Lookahead(gen, max_staleness=1, cycle_steps=1, num_generations=8, tokenize=lambda p: tokenize(trainer, p))
     rows = trainer.train_dataset
     batches = iter([[rows[b]] * 4 for b in range(4)])  # this process's half of group b: its prompt 4 times
 
     def step(index):
         trainer.state.global_step = index
         (inputs,) = ahead.take(batches, 1)
-        ahead.first_round(trainer, inputs)
-        return inputs, ahead.generate(trainer, prompt_ids_of(trainer, inputs), 8)
+        ahead.first_round(trainer.state.global_step, inputs)
+        return inputs, ahead.generate(trainer.state.global_step, prompt_ids_of(trainer, inputs), 8)
 
     step(0)
     sent = gen.calls[-1]
@@ -288,9 +273,9 @@ def test_changed_prompts_of_a_round_sent_ahead_are_an_error():
     cycle(ahead, trainer, batches)
     trainer.state.global_step = 1
     (inputs,) = ahead.take(batches, 1)
-    ahead.first_round(trainer, inputs)
+    ahead.first_round(trainer.state.global_step, inputs)
     with pytest.raises(RuntimeError, match="step 1's prompts changed"):
-        ahead.generate(trainer, [[99]] * len(inputs), G)
+        ahead.generate(trainer.state.global_step, [[99]] * len(inputs), G)
 
 
 def test_save_and_load_give_back_the_planned_rounds(tmp_path):
@@ -340,209 +325,3 @@ def test_a_staleness_bound_below_the_generation_cycle_is_refused():
     with pytest.raises(ValueError, match=r"generation\.max_staleness 1 is below the 2 optimizer steps"):
         Lookahead(FakeGenerator(), max_staleness=1, cycle_steps=2, num_generations=G)
     assert Lookahead(FakeGenerator(), max_staleness=4, cycle_steps=2, num_generations=G).depth == 2
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The trainer through the stand-in server
-
-
-def test_an_overlapped_run_generates_for_the_prompts_a_synchronous_run_trains_on(policy_dir, tmp_path):
-    """Overlap changes when a batch is generated and by which policy, not which prompts: every step's round is the
-    batch TRL's dataloader yields a synchronous run with the same seed (the last one sent ahead is never trained).
-    Seed 1: with seed 0 the prompt stream's first epoch happens to be the dataloader's order as well."""
-    prompts = {}
-    for mode, bound in (("sync", None), ("overlap", 1)):
-        with make_overlap_trainer(policy_dir, tmp_path / mode, max_staleness=bound, seed=1) as (trainer, _):
-            calls = record_generate_calls(trainer)
-            trainer.train()
-        prompts[mode] = [c["prompt_ids"] for c in calls]
-    assert len(prompts["sync"]) == 4 and len(prompts["overlap"]) == 5
-    assert prompts["overlap"][:4] == prompts["sync"]
-    assert len({str(p) for p in prompts["sync"]}) == 4  # four different batches: the comparison could fail
-
-
-def test_staleness_is_one_and_the_next_round_reaches_the_server_while_the_step_trains(policy_dir, tmp_path):
-    with make_overlap_trainer(policy_dir, tmp_path, max_steps=4) as (trainer, server):
-        requests_seen = record_server_requests(server)
-        taken = record_taken(trainer)
-        times = StepTimes(trainer)
-        trainer.train()
-    assert logged(trainer, "async/staleness_max") == [0, 1, 1, 1]
-    assert logged(trainer, "async/staleness") == [0, 1, 1, 1]
-    assert logged(trainer, "async/staleness_1") == [0, 4, 4, 4]  # 4 groups a step, all one update old
-    for step in range(1, 4):  # step + 1 trains on prompts generated by policy-(step - 1) ...
-        assert len(taken[step]) == 4
-        for prompt in taken[step]:
-            sent = [r for r in requests_seen if r["model"] == f"policy-{step - 1}" and r["prompt"] == prompt]
-            assert sent, f"no request of policy-{step - 1} carried a prompt of step {step + 1}"
-            # ... which reached the server before step `step` finished training (global_step step - 1 -> step)
-            assert sent[0]["time"] < times.ended[step], (step, sent[0]["time"], times.ended)
-
-
-def test_max_staleness_two_reaches_two_and_never_more(policy_dir, tmp_path):
-    with make_overlap_trainer(policy_dir, tmp_path, max_staleness=2, max_steps=4) as (trainer, _):
-        trainer.train()
-    assert logged(trainer, "async/staleness_max") == [0, 1, 2, 2]
-    assert logged(trainer, "async/staleness_2") == [0, 0, 4, 4]
-
-
-def test_kl_and_two_updates_per_generation_train_with_the_lag_a_cycle_takes(policy_dir, tmp_path):
-    """beta > 0 (reference log-probs of the lagged batch) and num_iterations 2 (a generation serves 2 optimizer
-    steps, so one generation ahead is 2 updates): generations start at steps 0, 2, 4 with lags 0, 2, 2, and each
-    cycle's second step trains on its batch one update later still (the lag is logged per step, and
-    the bound is max_staleness + 1 = 3, not 2); the KL is logged and the parameters move."""
-    with make_overlap_trainer(policy_dir, tmp_path, max_staleness=2, beta=0.05, num_iterations=2, max_steps=6) as (
-        trainer,
-        _,
-    ):
-        before = trainable(trainer)
-        trainer.train()
-    assert trainer.state.global_step == 6
-    assert logged(trainer, "async/staleness_max") == [0, 1, 2, 3, 2, 3]  # every step: what it trains on
-    assert trainer._ahead.bound == 3 and logged(trainer, "async/staleness_3") == [0, 0, 0, 4, 0, 4]
-    assert all(math.isfinite(k) for k in logged(trainer, "kl")) and any(k > 0 for k in logged(trainer, "kl"))
-    after = trainable(trainer)
-    assert any(not torch.equal(before[n], after[n]) for n in before)
-
-
-def test_two_updates_per_generation_with_a_bound_of_one_is_refused(policy_dir, tmp_path):
-    refused = pytest.raises(ValueError, match=r"generation.max_staleness 1 is below the 2 optimizer steps")
-    with refused, make_overlap_trainer(policy_dir, tmp_path, max_staleness=1, num_iterations=2, max_steps=2):
-        pass
-
-
-def test_dynamic_sampling_drops_carried_groups_older_than_the_bound(policy_dir, tmp_path):
-    """3 of 4 groups kept per round: step 1 needs two rounds and carries 2 groups; step 2 (round 0 sent ahead by
-    policy 0, two rounds sent for step 3 by policy 1) carries one group of policy 0, which at step 3 is two updates
-    old and must be dropped, or staleness would reach 2."""
-    with make_overlap_trainer(
-        policy_dir, tmp_path, reward=three_of_four, dynamic_sampling=True, max_generation_batches=4, max_steps=4
-    ) as (trainer, _):
-        trainer.train()
-    assert trainer.state.global_step == 4
-    assert logged(trainer, "dynamic_sampling/rounds")[:2] == [2, 1]
-    assert logged(trainer, "async/stale_dropped")[2] >= 1
-    assert all(m <= 1 for m in logged(trainer, "async/staleness_max"))
-
-
-def test_resume_from_a_checkpoint_with_a_round_in_flight_continues_exactly(policy_dir, tmp_path):
-    stop, steps = 2, 4
-    common = dict(max_steps=steps, save_strategy="steps", save_steps=1)
-    with make_overlap_trainer(policy_dir, tmp_path / "straight", **common) as (straight, _):
-        straight.train()
-    with make_overlap_trainer(policy_dir, tmp_path / "resumed", stop_at=stop, **common) as (first, _):
-        first.train()
-    checkpoint = tmp_path / "resumed" / f"checkpoint-{stop}"
-    saved = json.loads((checkpoint / STATE_FILE.format(rank=0)).read_text())
-    assert [(r["step"], r["index"], r["version"]) for r in saved["rounds"]] == [(stop, 0, stop - 1)]
-    with make_overlap_trainer(policy_dir, tmp_path / "resumed", **common) as (second, _):
-        calls = record_generate_calls(second)
-        second.train(resume_from_checkpoint=str(checkpoint))
-    assert second.state.global_step == steps
-    # the saved round trained step stop + 1: nothing was generated for it; the first request sent step stop + 2's
-    assert (stop, "overlap-0") not in [c["seed_key"] for c in calls]
-    assert calls[0]["seed_key"] == (stop + 1, "overlap-0") and calls[0]["adapter"] == f"policy-{stop}"
-    assert logged(second, "async/staleness_max") == [0] + [1] * (steps - 1)  # the log history was restored too
-    assert logged(second, "reward") == logged(straight, "reward")
-    assert logged(second, "sampling/importance_sampling_ratio/mean") == logged(
-        straight, "sampling/importance_sampling_ratio/mean"
-    )
-    a, b = trainable(straight), trainable(second)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)  # bitwise: same ops, same order
-    assert straight._stream.state() == second._stream.state()
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# A killed server, the recipe checks and --dry-run
-
-
-@pytest.mark.timeout(180)  # a hang fails the test instead of the suite
-def test_a_server_killed_with_a_round_in_flight_ends_the_run_with_one_line(policy_dir, tmp_path, capsys, monkeypatch):
-    from hf_grpo.generation.server_generator import ServerGenerator
-
-    from .helpers.fake_vllm_server import start_subprocess
-    from .helpers.overlap_run import kill_while_in_flight
-
-    server = start_subprocess(policy_dir, enable_lora=True, max_lora_rank=8, logprobs_mode="processed_logprobs")
-    killed = kill_while_in_flight(monkeypatch, ServerGenerator, server, step=2)
-    out = tmp_path / "run"
-    argv = [
-        "recipes/tiny.yaml", "--model_name_or_path", str(policy_dir), "--output_dir", str(out),
-        "--warm_start_steps", "0", "--max_steps", "50", "--logging_steps", "1", "--eval_before_after", "false",
-        "--task_eval_steps", "0", "--per_device_train_batch_size", "8", "--num_generations", "4",
-        "--max_completion_length", "8", "--arithmetic_train_size", "64", "--arithmetic_eval_size", "8",
-        "--lora_r", "8", "--lora_alpha", "16", "--dynamic_sampling", "false",
-        "--generation.backend", "vllm_server", "--generation.base_url", server.url, "--generation.overlap", "true",
-        "--generation.request_timeout", "5", "--generation.max_retries", "1",
-    ]  # fmt: skip
-    start = time.monotonic()
-    try:
-        code = main(argv)
-    finally:
-        server.stop()
-    assert killed.is_set(), "the server was not killed with a round in flight"
-    assert time.monotonic() - start < 120
-    err = capsys.readouterr().err
-    assert code == 1, err[-3000:]
-    errors = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
-    assert len(errors) == 1, err[-3000:]
-    assert f"the vLLM server at {server.url} stopped answering" in errors[0]
-    assert errors[0].endswith(f"resume with: python -m hf_grpo.train {' '.join(argv)} --resume_from_checkpoint auto")
-    history = json.loads((out / "training_history.json").read_text())
-    assert max(r["step"] for r in history if "reward" in r) <= 3
-
-
-def dry_run(argv, capsys) -> tuple[int, str, str]:
-    code = main([*argv, "--dry-run"])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def test_a_colocated_layout_with_overlap_is_refused_by_dry_run(capsys):
-    code, _, err = dry_run(["recipes/qwen7b-lora-2node.yaml", "--generation.overlap", "true"], capsys)
-    line = one_error(err)
-    assert code == 2 and "generation.overlap cannot work with generation.backend vllm_colocate" in line
-    assert "a colocated engine shares the training devices" in line
-
-
-def test_dry_run_of_the_dedicated_recipe_says_overlap_is_on(capsys):
-    code, out, err = dry_run(["recipes/qwen7b-lora-dedicated.yaml"], capsys)  # the recipe turns it on
-    assert code == 0, err
-    (line,) = [line for line in out.splitlines() if line.startswith("overlap:")]
-    assert line.startswith("overlap: on:") and "at most 1 update(s) older" in line
-    code, out, err = dry_run(["recipes/qwen7b-lora-dedicated.yaml", "--generation.overlap", "false"], capsys)
-    assert code == 0 and "overlap: off" in out, err
-
-
-@pytest.mark.parametrize(
-    ("extra", "mentions"),
-    [
-        (
-            ["--vllm_importance_sampling_correction", "false"],
-            ["generation.overlap", "vllm_importance_sampling_correction"],
-        ),
-        (["--generation.max_staleness", "0"], ["generation.max_staleness must be 1 or more"]),
-        (["--num_iterations", "2"], ["generation.max_staleness 1 is below the 2 optimizer steps", "to 2 or more"]),
-        (["--steps_per_generation", "48"], ["generation.overlap needs", "(48)", "gradient_accumulation_steps (32)"]),
-    ],
-    ids=["no-is-correction", "staleness-0", "two-updates-per-generation", "generation-mid-step"],
-)
-def test_overlap_recipe_values_that_cannot_work_are_refused(capsys, extra, mentions):
-    argv = ["recipes/qwen7b-lora-dedicated.yaml", "--generation.overlap", "true", *extra]
-    code, _, err = dry_run(argv, capsys)
-    line = one_error(err)
-    assert code == 2 and all(m in line for m in mentions), line
-
-
-@pytest.mark.parametrize(("overlap", "staleness", "loras"), [(False, 1, "2"), (True, 1, "3"), (True, 3, "5")])
-def test_the_server_holds_an_adapter_per_version_that_may_still_generate(overlap, staleness, loras):
-    gen = GenerationArguments(backend="vllm_server", overlap=overlap, max_staleness=staleness)
-    cmd, _ = server_command(gen, "m", "lora", 8, None, 0)
-    assert cmd[cmd.index("--max-loras") + 1] == loras

@@ -22,7 +22,8 @@ from hf_grpo.data.arithmetic import make_split
 from hf_grpo.tiny import arithmetic_examples, build_model, build_tokenizer, warm_start
 
 from .helpers import reward_scripts
-from .helpers.common import tiny_config, tiny_lora
+from .helpers.common import tiny_config
+from .helpers.trainers import make_trainer
 
 
 class Terminal(io.StringIO):
@@ -154,12 +155,15 @@ def test_evaluate_command_draws_its_bars_on_stderr_when_asked(tiny_model_dir, ba
 
 def test_extra_dynamic_sampling_rounds_show_one_bar_per_step(tiny, bars, caplog, tmp_path):
     from hf_grpo.data import DataArguments, load_grpo_datasets
-    from hf_grpo.trainer import GRPOTrainer
 
     model, tokenizer = tiny
     train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=4))
-    args = tiny_config(
+    trainer = make_trainer(
         tmp_path,
+        model=copy.deepcopy(model),
+        tokenizer=tokenizer,
+        reward_funcs=reward_scripts.always_zero,  # no group ever has signal: all 3 rounds run
+        train_dataset=train,
         max_steps=1,
         dynamic_sampling=True,
         max_generation_batches=3,
@@ -167,15 +171,7 @@ def test_extra_dynamic_sampling_rounds_show_one_bar_per_step(tiny, bars, caplog,
         per_device_train_batch_size=8,
         disable_tqdm=False,  # the Trainer's own bar is drawn too (not recorded: transformers' tqdm)
     )
-    trainer = GRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=reward_scripts.always_zero,  # no group ever has signal: all 3 rounds run
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
-    )
-    with caplog.at_level(logging.DEBUG, logger="hf_grpo.trainer"), terminal() as stderr:
+    with caplog.at_level(logging.DEBUG, logger="hf_grpo"), terminal() as stderr:
         trainer.train()
 
     [bar] = [b for b in bars if b.desc == "step 1: dynamic sampling"]

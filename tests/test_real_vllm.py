@@ -33,7 +33,7 @@ from hf_grpo.generation.vllm_install import CPU_DISTRIBUTION, UNLOADABLE_COMPANI
 from hf_grpo.launch import free_port
 
 from .helpers.common import REPO, run_module
-from .test_generation import RUN_MARK, kill_marked, marked_processes, wait_until
+from .helpers.launching import launched, marked_processes, wait_until
 
 
 pytestmark = [
@@ -166,11 +166,9 @@ def test_the_launcher_leaves_no_vllm_process_behind(tmp_path, cache_env, signum)
         sys.executable, "-m", "hf_grpo.train", DEDICATED, "--miniature", "--output_dir", str(out),
         "--max_steps", "500", "--generation.port", str(free_port()),
     ]  # fmt: skip
-    launcher = subprocess.Popen(
-        command, cwd=REPO, env={**os.environ, **cache_env, RUN_MARK: mark},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with launched(
+        command, mark, env={**os.environ, **cache_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as launcher:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:  # training under way against the real server
             commands = list(marked_processes(mark).values())
@@ -188,7 +186,3 @@ def test_the_launcher_leaves_no_vllm_process_behind(tmp_path, cache_env, signum)
         assert wait_until(lambda: not marked_processes(mark), 60), marked_processes(mark)
         if signum == signal.SIGKILL:
             assert "hf_grpo watchdog: the launcher died" in launcher.stderr.read()
-    finally:
-        kill_marked(mark)
-        if launcher.poll() is None:
-            launcher.kill()

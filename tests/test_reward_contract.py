@@ -17,7 +17,8 @@ from hf_grpo.rewards import RewardArguments, load_reward_funcs
 from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import run_module, tiny_config, tiny_lora
+from .helpers.common import run_module
+from .helpers.trainers import make_trainer
 
 
 PROBLEMS = [(2, 3), (7, 8), (12, 30), (9, 9)]
@@ -65,13 +66,12 @@ def score(tmp_path, conversational: bool, isolated: bool):
     train, _ = load_grpo_datasets(DataArguments(dataset_name=str(data), task="gsm8k", prompt_style=style))
     funcs = load_reward_funcs(RewardArguments(reward_funcs=REWARDS[conversational], reward_isolation=isolated))
     tokenizer = build_tokenizer()
-    trainer = GRPOTrainer(
-        model=build_model(tokenizer, hidden_size=32),
+    trainer = make_trainer(
+        tmp_path / f"out-{conversational}-{isolated}",
+        tokenizer=tokenizer,
         reward_funcs=funcs,
-        args=tiny_config(tmp_path / f"out-{conversational}-{isolated}", per_device_train_batch_size=16),
         train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
+        per_device_train_batch_size=16,
     )
     trainer.state.global_step = 7
     rows = [row for row in train for _ in ANSWERS]  # each prompt repeated per completion, as TRL's sampler does
@@ -191,14 +191,14 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     torch.manual_seed(0)
     scorer = Qwen2ForSequenceClassification(config).eval()
     isolated = load_reward_funcs(RewardArguments(reward_funcs=["tests.helpers.reward_plugins:unsloth_answer"]))
-    trainer = GRPOTrainer(
+    trainer = make_trainer(
+        tmp_path / "out",
         model=policy,
+        tokenizer=tokenizer,
         reward_funcs=[*isolated, scorer, reward_plugins.async_reward],
         reward_processing_classes=[None, tokenizer, None],
-        args=tiny_config(tmp_path / "out", per_device_train_batch_size=16),
         train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
+        per_device_train_batch_size=16,
     )
     rows = [row for row in train for _ in ANSWERS]
     completions = completions_for(list(train), conversational=False)

@@ -17,7 +17,7 @@ from hf_grpo import run_lock
 from hf_grpo.outputs import HISTORY_FILE, LOCK_FILE, RECIPE_FILE
 
 from .helpers.common import REPO, run_module
-from .test_generation import wait_until
+from .helpers.launching import wait_until
 
 
 pytestmark = pytest.mark.subprocess

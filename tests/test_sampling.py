@@ -7,8 +7,8 @@ import doctest
 import pytest
 import torch
 
-from hf_grpo import sampling
-from hf_grpo.sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
+from hf_grpo import dynamic_sampling as sampling
+from hf_grpo.dynamic_sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
 from hf_grpo.trainer import leave_one_out_advantages
 
 from .helpers.common import tiny_config

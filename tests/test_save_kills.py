@@ -20,11 +20,9 @@ import torch
 
 from hf_grpo import trainer as trainer_module
 from hf_grpo.checkpoints import MANIFEST, newest_complete, resolve_resume
-from hf_grpo.data import DataArguments, load_grpo_datasets
-from hf_grpo.rewards.functions import gsm8k_correctness
-from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.tiny import build_tokenizer
 
-from .helpers.common import tiny_config, tiny_lora
+from .helpers.trainers import arithmetic_train, make_trainer
 
 
 FINISHED = 99  # a child's exit code when the save ran to its end: no operation was left to kill at
@@ -133,17 +131,12 @@ def test_no_kill_during_a_save_loses_the_last_complete_checkpoint(tmp_path, monk
         real_save(trainer, model, trial)
 
     monkeypatch.setattr(trainer_module.GRPOTrainer, "_save_checkpoint", save)
-    tokenizer = build_tokenizer()
-    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
+    tokenizer, train = build_tokenizer(), arithmetic_train()
 
     def trainer():
-        args = tiny_config(
-            out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1,
-            dynamic_sampling=True, dynamic_sampling_exhausted="fill",
-        )  # fmt: skip
-        return trainer_module.GRPOTrainer(
-            model=build_model(tokenizer, hidden_size=32), reward_funcs=gsm8k_correctness, args=args,
-            train_dataset=train, processing_class=tokenizer, peft_config=tiny_lora(),
+        return make_trainer(
+            out, tokenizer=tokenizer, train_dataset=train, max_steps=3, save_strategy="steps", save_steps=1,
+            save_total_limit=1, dynamic_sampling=True, dynamic_sampling_exhausted="fill",
         )  # fmt: skip
 
     trainer().train()

@@ -63,7 +63,7 @@ def run(tiny, tmp_path, selection: bool) -> tuple[GRPOTrainer, list[list[bool]]]
         peft_config=tiny_lora(),
     )
     if selection:
-        history = trainer._selector.history
+        history = trainer._sampler.selector.history
         history.rate = 0.0
         for row in train:
             if no_signal(row["prompt"]):
@@ -89,9 +89,9 @@ def test_prompts_without_signal_are_skipped_before_generation(tiny, tmp_path):
     assert len(selected_rounds) < len(plain_rounds), "selection should need fewer generation rounds"
     logs = [r for r in selected.state.log_history if "selection/skipped" in r]
     assert len(logs) == 12 and sum(r["selection/skipped"] for r in logs) > 0
-    assert logs[-1]["selection/history_size"] == len(selected._selector.history.records) == 12
+    assert logs[-1]["selection/history_size"] == len(selected._sampler.selector.history.records) == 12
     assert logs[-1]["selection/long_streaks"] >= 1 and logs[-1]["selection/explore_failed"] == 0.5
-    signal = [r for r in selected._selector.history.records.values() if r.streak == 0]
+    signal = [r for r in selected._sampler.selector.history.records.values() if r.streak == 0]
     assert signal, "the prompts with a signal are recorded with no streak"
 
 
@@ -139,5 +139,5 @@ def test_overlapped_generation_with_selection_trains_within_the_staleness_bound(
         trainer.train()
     assert trainer.state.global_step == 6
     skipped = [r["selection/skipped"] for r in trainer.state.log_history if "selection/skipped" in r]
-    assert len(skipped) == 6 and trainer._selector.history.records
+    assert len(skipped) == 6 and trainer._sampler.selector.history.records
     assert all(r.get("async/staleness_max", 0) <= 1 for r in trainer.state.log_history)

@@ -14,29 +14,26 @@ import pytest
 import requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.generation.server_generator import ServerGenerator
-from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import REPO, tiny_config, tiny_lora
+from .helpers.common import REPO
 from .helpers.fake_vllm_server import start_in_thread, start_subprocess
 from .helpers.reward_scripts import alternating
+from .helpers.trainers import make_trainer
 
 
 def test_a_server_that_lost_the_adapter_gets_it_again_and_the_step_goes_on(policy_dir, tmp_path, caplog):
     server = start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True)
     with server, caplog.at_level(logging.WARNING, logger="hf_grpo"):
         tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
-        train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
         generator = ServerGenerator(server.url, tmp_path / "adapters", request_timeout=30, server_timeout=30)
-        trainer = GRPOTrainer(
+        trainer = make_trainer(
+            tmp_path,
             model=AutoModelForCausalLM.from_pretrained(policy_dir),
+            tokenizer=tokenizer,
             reward_funcs=alternating,
-            args=tiny_config(tmp_path, max_steps=3),
-            train_dataset=train,
-            processing_class=tokenizer,
-            peft_config=tiny_lora(),
             generator=generator,
+            max_steps=3,
         )
         sync = generator.sync
 

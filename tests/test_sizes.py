@@ -12,7 +12,8 @@ from hf_grpo import eta
 from hf_grpo.recipe import checks_env
 from hf_grpo.train import main
 
-from .helpers.common import REPO, run_module, tiny_config, tiny_lora
+from .helpers.common import REPO, run_module
+from .helpers.trainers import make_trainer
 
 
 TINY = str(REPO / "recipes" / "tiny.yaml")
@@ -146,21 +147,13 @@ class StopAfter(TrainerCallback):
 
 
 def test_a_real_run_prints_the_estimate(tmp_path, caplog):
-    from hf_grpo.data import DataArguments, load_grpo_datasets
-    from hf_grpo.rewards.functions import gsm8k_correctness
-    from hf_grpo.tiny import build_model, build_tokenizer
-    from hf_grpo.trainer import GRPOTrainer
-
-    tokenizer = build_tokenizer()
-    train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=64, arithmetic_eval_size=8))
-    trainer = GRPOTrainer(
-        model=build_model(tokenizer, hidden_size=16),
-        reward_funcs=gsm8k_correctness,
-        args=tiny_config(tmp_path, max_steps=10**12, max_completion_length=4, per_device_train_batch_size=8),
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
+    trainer = make_trainer(
+        tmp_path,
+        hidden_size=16,
         callbacks=[StopAfter()],
+        max_steps=10**12,
+        max_completion_length=4,
+        per_device_train_batch_size=8,
     )
     with caplog.at_level(logging.INFO, logger="hf_grpo.eta"):
         trainer.train()

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from .helpers.common import REPO
-from .test_generation import COMMON, RUN_MARK, kill_marked, marked_processes, wait_until
+from .helpers.launching import COMMON, RUN_MARK, kill_marked, marked_processes, wait_until
 
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]

@@ -65,6 +65,7 @@ def expected_story(out) -> dict:
     return dict(zip(STORY, (before, after, gain["gain"], *gain["ci95"]), strict=True))
 
 
+@pytest.mark.slow  # a whole run in a subprocess with three trackers
 def test_report_to_wandb_trackio_tensorboard_offline(tmp_path):
     """One short run with the three trackers and a held-out evaluation every step: each tracker holds the training
     metrics, eval/accuracy (not train/eval/accuracy), the before/after result with the gain's interval, the plot,
@@ -82,29 +83,11 @@ def test_report_to_wandb_trackio_tensorboard_offline(tmp_path):
     }
     (tmp_path / "wandb").mkdir()
     cmd = [
-        sys.executable,
-        "-m",
-        "hf_grpo.train",
-        "recipes/tiny.yaml",
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "2",
-        "--warm_start_steps",
-        "10",
-        "--per_device_train_batch_size",
-        "16",
-        "--arithmetic_eval_size",
-        "8",
-        "--logging_steps",
-        "1",
-        "--task_eval_steps",
-        "1",
-        "--report_to",
-        "[wandb, trackio, tensorboard]",
-        "--run_name",
-        "tracking-test",
-    ]
+        sys.executable, "-m", "hf_grpo.train", "recipes/tiny.yaml", "--output_dir", str(out), "--max_steps", "2",
+        "--warm_start_steps", "10", "--per_device_train_batch_size", "16", "--arithmetic_eval_size", "8",
+        "--logging_steps", "1", "--task_eval_steps", "1", "--report_to", "[wandb, trackio, tensorboard]",
+        "--run_name", "tracking-test",
+    ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "could not log the run's results" not in result.stderr, result.stderr[-4000:]

@@ -51,14 +51,14 @@ def logged(trainer, key):
 
 
 def capture_batches(trainer) -> list[dict]:
-    batches, original = [], trainer._dynamic_batch
+    batches, original = [], trainer._sampler.batch
 
-    def spy(inputs):
-        batch = original(inputs)
+    def spy(*args):
+        batch, metrics = original(*args)
         batches.append(batch)
-        return batch
+        return batch, metrics
 
-    trainer._dynamic_batch = spy
+    trainer._sampler.batch = spy
     return batches
 
 
@@ -173,18 +173,18 @@ def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
     the previous step), the fresh groups beside it with the current policy's: recomputed here by our own forward pass
     under each step's saved adapter."""
     trainer = make_trainer(tiny, tmp_path, reward=reward_scripts.half_varying, dynamic_sampling=True, max_steps=3)
-    seen, original = [], trainer._dynamic_batch  # (adapter when assembled, batch, rows carried out of the step)
+    seen, original = [], trainer._sampler.batch  # (adapter when assembled, batch, rows carried out of the step)
 
-    def spy(inputs):
+    def spy(*args):
         params = trainable(trainer)
-        batch = original(inputs)
+        batch, metrics = original(*args)
         carry = set()
-        for g in trainer._pool.groups:
+        for g in trainer._sampler.pool.groups:
             carry |= set(rows(g["prompt_ids"], g["prompt_mask"], g["completion_ids"], g["completion_mask"]))
         seen.append((params, {k: v.detach().clone() for k, v in batch.items() if torch.is_tensor(v)}, carry))
-        return batch
+        return batch, metrics
 
-    trainer._dynamic_batch = spy
+    trainer._sampler.batch = spy
     trainer.train()
     checked = 0
     for (old_params, _, carried), (params, batch, _) in itertools.pairwise(seen):
@@ -296,11 +296,12 @@ def test_rloo_advantages_are_leave_one_out(tiny, tmp_path):
     original = trainer._score
     trainer._score = lambda inputs, mode: outputs.append(original(inputs, mode)) or outputs[-1]
     trainer.train()
-    grouped = outputs[0]["advantages"].view(-1, 4)
+    output, _ = outputs[0]  # (scored batch, rewards)
+    grouped = output["advantages"].view(-1, 4)
     for row in grouped:  # rewards 0, 1, 0, 1 -> baselines 2/3, 1/3, 2/3, 1/3
         assert row.tolist() in (pytest.approx([-2 / 3, 2 / 3, -2 / 3, 2 / 3]), pytest.approx([0.0] * 4))
     # the completions table (TRL's _logs, written before our advantages replace TRL's) shows the trained advantages
-    assert list(trainer._logs["advantages"]) == pytest.approx(outputs[0]["advantages"].tolist())
+    assert list(trainer._logs["advantages"]) == pytest.approx(output["advantages"].tolist())
 
 
 def test_dr_grpo_estimator_disables_std_scaling(tmp_path):
@@ -320,7 +321,7 @@ def test_resume_continues_exactly(tiny, tmp_path):
     first = make_trainer(tiny, tmp_path / "resumed", **common)
     first.add_callback(StopAt(stop))
     first.train()
-    assert first.state.global_step == stop and len(first._pool) > 0
+    assert first.state.global_step == stop and len(first._sampler.pool) > 0
 
     second = make_trainer(tiny, tmp_path / "resumed", **common)
     second.train(resume_from_checkpoint=str(tmp_path / "resumed" / f"checkpoint-{stop}"))
@@ -330,7 +331,7 @@ def test_resume_continues_exactly(tiny, tmp_path):
     a, b = trainable(straight), trainable(second)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
-    assert straight._stream.state() == second._stream.state()
+    assert straight._sampler.stream.state() == second._sampler.stream.state()
 
 
 @pytest.mark.parametrize("gather", [True, False])

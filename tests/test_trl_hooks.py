@@ -165,7 +165,7 @@ def test_trainer_attributes_we_read(stock):
 
 
 def test_scored_batch_keys_are_the_ones_dynamic_sampling_knows():
-    # dynamic sampling re-assembles TRL's scored batch; a new per-row key would need handling in hf_grpo.sampling
+    # dynamic sampling re-assembles TRL's scored batch; a new per-row key would need handling in hf_grpo.dynamic_sampling
     source = inspect.getsource(trl.GRPOTrainer._generate_and_score_completions)
     for key in (
         "prompt_ids",
@@ -292,18 +292,18 @@ def test_old_logps_match_trls(scored):
 
 def test_num_items_in_batch_matches_trls(scored):
     trainer, output = scored
-    mask = output["completion_mask"]  # what _dynamic_batch sums (times tool_mask, absent here)
+    mask = output["completion_mask"]  # what DynamicSampler.batch sums (times tool_mask, absent here)
     assert int(trainer.accelerator.gather(mask.sum()).sum()) == int(output["num_items_in_batch"])
 
 
 def test_total_rewards_match_trls_logged_reward(scored):
     trainer, _ = scored
-    total = trainer.total_rewards(trainer._last_rewards_per_func)  # [B*G]
+    total = trainer.total_rewards(trainer._rewards)  # [B*G], as _calculate_rewards kept them for _score
     assert trainer._metrics["train"]["reward"][-1] == pytest.approx(torch.nanmean(total).item())
 
 
 def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> dict:
-    """``output`` plus ``groups`` fill groups as ``_dynamic_batch`` appends them: rows of a dropped group, their
+    """``output`` plus ``groups`` fill groups as ``DynamicSampler.batch`` appends them: rows of a dropped group, their
     completion mask zeroed, marked in ``filled``."""
     rows = output["advantages"].size(0)
     extra = groups * num_generations

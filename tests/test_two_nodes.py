@@ -29,7 +29,7 @@ import pytest
 from hf_grpo.checkpoints import MANIFEST, newest_complete, problem
 
 from .helpers.common import REPO
-from .test_generation import COMMON, RUN_MARK, free_port, kill_marked, marked_processes, wait_until
+from .helpers.launching import COMMON, RUN_MARK, free_port, kill_marked, marked_processes, wait_until
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]

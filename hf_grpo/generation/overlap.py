@@ -61,8 +61,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .cycle import overlap_cycle
 from .vllm_client import HEARTBEAT_S, VLLMConnectionError
 
 
@@ -119,13 +121,18 @@ class Round:
 class Lookahead:
     """The rounds sent ahead of the cycles that train on them, for ``hf_grpo.GRPOTrainer`` (one per process)."""
 
-    def __init__(self, generator, max_staleness: int, cycle_steps: int, num_generations: int, accumulation: int = 1):
-        if max_staleness < cycle_steps:
-            raise ValueError(
-                f"generation.max_staleness {max_staleness} is below the {cycle_steps} optimizer steps between two "
-                "generations (steps_per_generation x num_iterations / gradient_accumulation_steps), so no round can "
-                f"be sent ahead; set generation.max_staleness to {cycle_steps} or more"
-            )
+    def __init__(
+        self,
+        generator,
+        max_staleness: int,
+        cycle_steps: int,
+        num_generations: int,
+        accumulation: int = 1,
+        tokenize: Callable[[list], list[list[int]]] | None = None,
+    ):
+        _, problems = overlap_cycle(max_staleness, cycle_steps)  # cycle_steps: already in optimizer steps
+        if problems:
+            raise ValueError(problems[0])
         self.generator = generator
         self.cycle_steps, self.num_generations = cycle_steps, num_generations
         self.max_staleness = max_staleness
@@ -134,6 +141,7 @@ class Lookahead:
         # ahead (or a carried group that old) serves a whole cycle, whose last step is cycle_steps - 1 further on
         self.bound = max_staleness + cycle_steps - 1
         self.accumulation = accumulation  # dataloader batches per optimizer step (gradient_accumulation_steps)
+        self.tokenize = tokenize  # prompts -> their token ids, as TRL tokenizes them (rounds sent ahead)
         self.planned: deque[Round] = deque()
         self.current: Round | None = None  # the round whose rows were handed to TRL last
         self.server_seconds = 0.0  # generation seconds of the rounds used since the last ``take_server_seconds``
@@ -156,10 +164,10 @@ class Lookahead:
             (batches if len(batches) < count else self._read_ahead).append(batch)
         return batches
 
-    def first_round(self, trainer, inputs: list[dict]) -> None:
-        """Make the round of the cycle starting now current: the one sent ahead for it, else ``inputs`` (TRL's
-        batch: this process's rows, each group's row up to ``num_generations`` times) generated when TRL asks."""
-        step = trainer.state.global_step
+    def first_round(self, step: int, inputs: list[dict]) -> None:
+        """Make the round of the cycle starting now (optimizer step ``step``) current: the one sent ahead for it,
+        else ``inputs`` (TRL's batch: this process's rows, each group's row up to ``num_generations`` times) generated
+        when TRL asks."""
         while self.planned and self.planned[0].step < step:
             self.planned.popleft()  # planned for a cycle that never ran (not expected: kept as a guard)
         if self.planned and self.planned[0].step == step:
@@ -167,17 +175,18 @@ class Lookahead:
         else:
             self.current = Round(step, 0, inputs, version=step)
 
-    def further_round(self, trainer, index: int, rows: list[dict]) -> None:
-        """Make further round ``index`` (1, 2, ...) of the cycle starting now current: ``rows`` (one per group, drawn
-        by the trainer from its prompt stream as in a synchronous run), generated now with the current adapter."""
-        self.current = Round(trainer.state.global_step, index, rows, version=trainer.state.global_step)
+    def further_round(self, step: int, index: int, rows: list[dict]) -> None:
+        """Make further round ``index`` (1, 2, ...) of the cycle starting at ``step`` current: ``rows`` (one per
+        group, drawn from dynamic sampling's prompt stream as in a synchronous run), generated now with the current
+        adapter."""
+        self.current = Round(step, index, rows, version=step)
 
     def in_use(self) -> set[str]:
         """The adapters of rounds still generating: the sync that loads the current one must not unload them."""
         rounds = [self.current, *self.planned] if self.current is not None else list(self.planned)
         return {f"policy-{r.version}" for r in rounds if r.prompt_ids is not None and not r.done.is_set()}
 
-    def generate(self, trainer, prompt_ids: list[list[int]], num_generations: int) -> tuple[list, list]:
+    def generate(self, step: int, prompt_ids: list[list[int]], num_generations: int) -> tuple[list, list]:
         """The completions of the current round: waited for when it was sent ahead, else generated now with the
         current adapter (the caller syncs it first, keeping ``in_use``). A cycle's first round then sends the rounds
         of the cycles ahead."""
@@ -190,18 +199,17 @@ class Lookahead:
             result = round_.wait(self._wait_limit(len(prompt_ids)))
         else:
             key, start = (round_.step, f"overlap-{round_.index}"), time.monotonic()
-            result = self.generator.generate(trainer, prompt_ids, num_generations, seed_key=key)
+            result = self.generator.generate(prompt_ids, num_generations, step, seed_key=key)
             round_.seconds = time.monotonic() - start
         self.last_version = round_.version
         self.server_seconds += round_.seconds
         if round_.index == 0:
-            self._send_ahead(trainer)
+            self._send_ahead(step)
         return result
 
-    def _send_ahead(self, trainer) -> None:
+    def _send_ahead(self, step: int) -> None:
         """Send the first rounds of the next ``depth`` cycles that are not planned yet, with the current adapter:
         the dataloader batches ``take`` read ahead (none past the end of the epoch)."""
-        step = trainer.state.global_step
         for ahead in range(1, self.depth + 1):
             target = step + ahead * self.cycle_steps
             position = (ahead * self.cycle_steps - 1) * self.accumulation  # in what was read ahead of this step
@@ -209,17 +217,17 @@ class Lookahead:
                 continue
             # every row this process holds, as TRL will tokenize them: a process may hold part of a group only
             round_ = Round(target, 0, self._read_ahead[position], version=step)
-            round_.prompt_ids = [list(ids) for ids in trainer._tokenize_prompts([r["prompt"] for r in round_.rows])[0]]
-            self._start(trainer, round_)
+            round_.prompt_ids = [list(ids) for ids in self.tokenize([r["prompt"] for r in round_.rows])]
+            self._start(round_)
             self.planned.append(round_)
 
-    def _start(self, trainer, round_: Round) -> None:
+    def _start(self, round_: Round) -> None:
         adapter, key = self.generator.adapter_name, (round_.step, f"overlap-{round_.index}")
 
         def work() -> None:
             try:
                 round_.result = self.generator.generate(
-                    trainer, round_.prompt_ids, self.num_generations, adapter=adapter, seed_key=key
+                    round_.prompt_ids, self.num_generations, round_.version, adapter=adapter, seed_key=key
                 )
             except BaseException as exc:  # noqa: BLE001 - not hidden: Round.wait re-raises it in the training thread
                 round_.error = exc
@@ -240,14 +248,15 @@ class Lookahead:
         once = client.worst_case_s * waves
         return once + self.generator.restart_wait + client.worst_case_s + once + THREAD_SLACK_S
 
-    def record_lag(self, trainer, versions) -> None:
-        """``async/staleness`` (mean over rows, ``_max``, ``_<k>``: groups at lag k): how many updates old the
-        policies that generated the rows a micro-batch trains on are (``versions``: [rows], this process's)."""
-        lag = trainer.state.global_step - trainer.accelerator.gather(versions)  # [rows, all processes]
-        trainer.record_metric("async/staleness", lag.float().mean().item())
-        trainer.record_metric("async/staleness_max", lag.max().item())
-        for k in range(self.bound + 1):
-            trainer.record_metric(f"async/staleness_{k}", int((lag == k).sum()) / self.num_generations)
+    def lag_metrics(self, step: int, versions) -> dict[str, float]:
+        """``async/staleness`` (mean over rows, ``_max``, ``_<k>``: groups at lag k): how many updates old, at
+        ``step``, the policies that generated the rows a micro-batch trains on are (``versions``: [rows of every
+        process])."""
+        lag = step - versions  # [rows of every process]
+        metrics = {"async/staleness": lag.float().mean().item(), "async/staleness_max": lag.max().item()}
+        return metrics | {
+            f"async/staleness_{k}": int((lag == k).sum()) / self.num_generations for k in range(self.bound + 1)
+        }
 
     def take_server_seconds(self) -> float:
         """Generation seconds of the rounds used since the last call (send to last answer)."""

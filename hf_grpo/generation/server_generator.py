@@ -98,6 +98,8 @@ class ServerGenerator:
         self.adapter_sha256: str | None = None  # of the adapter the server serves now (main process)
         self.requests = 0
         self.extra_body: dict = {}  # generation_kwargs and structured outputs, set by connect()
+        self.sampling: dict = {}  # the trainer's sampling settings, set by connect()
+        self.process_index = 0  # this process's, set by connect(): part of every request's seed
         self._calls, self._calls_step = 0, None  # requests in the current step (rounds, evaluation)
 
     def connect(self, trainer) -> None:
@@ -107,6 +109,16 @@ class ServerGenerator:
             if self.check_logprobs and trainer.vllm_importance_sampling_correction:
                 self.check_logprobs_mode()
         trainer.accelerator.wait_for_everyone()
+        self.process_index = trainer.accelerator.process_index
+        self.sampling = {  # TRL's sampling settings, as its vLLM engines get them
+            "max_tokens": trainer.max_completion_length,
+            "temperature": trainer.temperature,
+            "top_p": trainer.top_p,
+            "top_k": trainer.top_k or None,
+            "min_p": trainer.min_p or 0.0,
+            "repetition_penalty": trainer.repetition_penalty,
+            "stop_token_ids": list(trainer.eos_token_ids),
+        }
         # what TRL forwards to its vLLM engines, forwarded here too (vLLM's completions API takes both in the body)
         self.extra_body = dict(trainer.args.generation_kwargs or {})
         if trainer.args.vllm_structured_outputs_regex:
@@ -171,13 +183,14 @@ class ServerGenerator:
 
     def generate(
         self,
-        trainer,
         prompt_ids: list[list[int]],
         num_generations: int,
+        step: int,
         adapter: str | None = None,
         seed_key: tuple[int, str] | None = None,
     ):
-        """(completion_ids, logprobs) for ``prompt_ids``, one completion per row, in order.
+        """(completion_ids, logprobs) for ``prompt_ids``, one completion per row, in order, at optimizer step ``step``
+        (sampled with the settings ``connect`` read from the trainer).
 
         Consecutive identical prompts (a group, or the part of it this process holds) become one prompt with ``n``
         samples, so the server shares their prefill. ``adapter`` (default: the current one) and ``seed_key``
@@ -197,11 +210,10 @@ class ServerGenerator:
             seeds = None
             if self.seed is not None:  # each prompt its own seed: a shared one gives their i-th samples one noise
                 if seed_key is None:
-                    step = trainer.state.global_step
                     self._calls = self._calls + 1 if self._calls_step == step else 0
                     self._calls_step = step
                     seed_key = (step, str(self._calls))
-                seed = request_seed(self.seed, seed_key[0], seed_key[1], trainer.accelerator.process_index)
+                seed = request_seed(self.seed, seed_key[0], seed_key[1], self.process_index)
                 if len(chosen) * n > SEED_STRIDE:
                     raise ValueError(f"{len(chosen)} prompts x {n} samples exceed one call's {SEED_STRIDE} seeds")
                 seeds = [seed + j * n for j in range(len(chosen))]
@@ -209,16 +221,10 @@ class ServerGenerator:
                 self.client.generate,
                 [runs[i][0] for i in chosen],
                 n=n,
-                max_tokens=trainer.max_completion_length,
-                temperature=trainer.temperature,
-                top_p=trainer.top_p,
-                top_k=trainer.top_k or None,
-                min_p=trainer.min_p or 0.0,
-                repetition_penalty=trainer.repetition_penalty,
                 seeds=seeds,
                 model=adapter,
-                stop_token_ids=list(trainer.eos_token_ids),
                 extra_body=self.extra_body,
+                **self.sampling,
             )
             self.requests += 1
             for j, i in enumerate(chosen):  # the response is prompt-major: sample k of prompt j is at j * n + k

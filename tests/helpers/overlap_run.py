@@ -105,30 +105,30 @@ def record_taken(trainer, num_generations: int = 4) -> dict[int, list[list[int]]
     """``taken[global_step]``: the distinct prompts the trainer's generation cycle at that step trained on."""
     taken, generate = {}, trainer._ahead.generate
 
-    def recording(t, prompt_ids, n):
-        taken[t.state.global_step] = [list(p) for p in prompt_ids[::num_generations]]
-        return generate(t, prompt_ids, n)
+    def recording(step, prompt_ids, n):
+        taken[step] = [list(p) for p in prompt_ids[::num_generations]]
+        return generate(step, prompt_ids, n)
 
     trainer._ahead.generate = recording
     return taken
 
 
 def record_generate_calls(trainer) -> list[dict]:
-    """Every ``generator.generate`` call: ``{"thread", "adapter", "seed_key", "step", "prompt_ids"}`` (step:
-    global_step then)."""
+    """Every ``generator.generate`` call: ``{"thread", "adapter", "seed_key", "step", "prompt_ids"}`` (step: the
+    optimizer step it was called at)."""
     calls, generate = [], trainer.generator.generate
 
-    def recording(t, prompt_ids, n, adapter=None, seed_key=None):
+    def recording(prompt_ids, n, step, adapter=None, seed_key=None):
         calls.append(
             {
                 "thread": threading.current_thread().name,
                 "adapter": adapter,
                 "seed_key": seed_key,
-                "step": t.state.global_step,
+                "step": step,
                 "prompt_ids": prompt_ids,
             }
         )
-        return generate(t, prompt_ids, n, adapter=adapter, seed_key=seed_key)
+        return generate(prompt_ids, n, step, adapter=adapter, seed_key=seed_key)
 
     trainer.generator.generate = recording
     return calls
@@ -143,12 +143,12 @@ def kill_while_in_flight(monkeypatch, generator_class, server, step: int) -> thr
         server.kill()
         killed.set()
 
-    def generating(self, trainer, prompt_ids, n, adapter=None, seed_key=None):
+    def generating(self, prompt_ids, n, step_now, adapter=None, seed_key=None):
         if adapter is not None and seed_key == (step, "overlap-0") and not killed.is_set():
             plan = {"seconds": 30, "path": "/v1/completions"}
             requests.post(f"{server.url}/fixture/delay", json=plan, timeout=10).raise_for_status()
             threading.Timer(1.0, kill).start()
-        return generate(self, trainer, prompt_ids, n, adapter=adapter, seed_key=seed_key)
+        return generate(self, prompt_ids, n, step_now, adapter=adapter, seed_key=seed_key)
 
     monkeypatch.setattr(generator_class, "generate", generating)
     return killed

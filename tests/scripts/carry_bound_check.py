@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.trainer import GRPOTrainer
-from tests.helpers.common import tiny_config, tiny_lora
+from tests.helpers.trainers import make_trainer
 
 
 def varying_on_rank_zero(prompts, completions, **kwargs) -> list[float]:
@@ -32,7 +32,7 @@ class PoolRecorder(TrainerCallback):
 
     def __init__(self, trainer: GRPOTrainer):
         self.trainer, self.pool_sizes, self.ages, self.born = trainer, [], [], {}
-        pool = trainer._pool
+        pool = trainer._sampler.pool
         add, take = pool.add, pool.take
 
         def add_stamped(groups):
@@ -47,28 +47,24 @@ class PoolRecorder(TrainerCallback):
         pool.add, pool.take = add_stamped, take_aged
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.pool_sizes.append(len(self.trainer._pool))
+        self.pool_sizes.append(len(self.trainer._sampler.pool))
 
 
 def main(out: str) -> None:
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=64)
     train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=256, arithmetic_eval_size=8))
-    args = tiny_config(
+    trainer = make_trainer(
         "/tmp/hf_grpo_carry_bound_check",
+        model=model,
+        tokenizer=tokenizer,
+        reward_funcs=varying_on_rank_zero,
+        train_dataset=train,
         per_device_train_batch_size=8,  # 2 groups of 4 per process
         max_completion_length=6,
         max_steps=4,
         dynamic_sampling=True,
         max_generation_batches=3,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=varying_on_rank_zero,
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
     )
     recorder = PoolRecorder(trainer)
     trainer.add_callback(recorder)

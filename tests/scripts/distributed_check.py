@@ -15,9 +15,8 @@ from accelerate.utils import gather_object
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
-from hf_grpo.trainer import GRPOTrainer
-from tests.helpers.common import tiny_config, tiny_lora
 from tests.helpers.reward_scripts import half_varying
+from tests.helpers.trainers import make_trainer
 
 
 def main(out: str) -> None:
@@ -25,21 +24,17 @@ def main(out: str) -> None:
     model = build_model(tokenizer, hidden_size=64)
     warm_start(model, tokenizer, steps=40)
     train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=256, arithmetic_eval_size=8))
-    args = tiny_config(
+    trainer = make_trainer(
         "/tmp/hf_grpo_distributed_check",
+        model=model,
+        tokenizer=tokenizer,
+        reward_funcs=half_varying,
+        train_dataset=train,
         per_device_train_batch_size=8,
         max_completion_length=10,
         max_steps=4,
         dynamic_sampling=True,
         max_generation_batches=6,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=half_varying,
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
     )
     trainer.train()
     params = hashlib.sha256()
@@ -49,7 +44,7 @@ def main(out: str) -> None:
     report = {
         "rank": trainer.accelerator.process_index,
         "world_size": trainer.accelerator.num_processes,
-        "keep_digest": trainer._keep_digest.hexdigest(),
+        "keep_digest": trainer._sampler.keep_digest.hexdigest(),
         "params": params.hexdigest(),
         "rounds": [r["dynamic_sampling/rounds"] for r in trainer.state.log_history if "dynamic_sampling/rounds" in r],
     }

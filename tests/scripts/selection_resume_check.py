@@ -19,16 +19,20 @@ from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 from tests.helpers.callbacks import StopAt
-from tests.helpers.common import tiny_config, tiny_lora
 from tests.helpers.reward_scripts import half_varying
+from tests.helpers.trainers import make_trainer
 
 
 STEPS, STOP = 6, 3
 
 
 def build(model, tokenizer, train, out: Path, world: int) -> GRPOTrainer:
-    args = tiny_config(
+    return make_trainer(
         out,
+        model=model,
+        tokenizer=tokenizer,
+        reward_funcs=half_varying,
+        train_dataset=train,
         per_device_train_batch_size=8 // world,  # the same 2 prompts a step on 1 process or 2
         num_generations=4,
         max_completion_length=8,
@@ -38,14 +42,6 @@ def build(model, tokenizer, train, out: Path, world: int) -> GRPOTrainer:
         prompt_selection=True,
         save_strategy="steps",
         save_steps=1,
-    )
-    return GRPOTrainer(
-        model=model,
-        reward_funcs=half_varying,
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
     )
 
 
@@ -61,8 +57,8 @@ def report(trainer) -> dict:
     skipped = [r["selection/skipped"] for r in trainer.state.log_history if "selection/skipped" in r]
     return {
         "params": checksum(trainer),
-        "history": json.dumps(trainer._selector.history.state_dict(), sort_keys=True),
-        "stream": trainer._stream.state(),
+        "history": json.dumps(trainer._sampler.selector.history.state_dict(), sort_keys=True),
+        "stream": trainer._sampler.stream.state(),
         "skipped": skipped,
     }
 

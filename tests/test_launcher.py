@@ -1,0 +1,293 @@
+"""The launcher end to end (``python -m hf_grpo.train`` with a server): it starts the server, trains and stops it; a
+killed server ends the run with a clear error; a signalled or SIGKILLed launcher leaves no process behind (its
+watchdog); stopping the server stops its engine workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from .helpers.common import REPO
+from .helpers.fake_vllm_server import start_subprocess
+from .helpers.launching import (
+    COMMON,
+    FIXTURE_SERVE,
+    RUN_MARK,
+    free_port,
+    kill_marked,
+    launched,
+    marked_processes,
+    run_train,
+    wait_until,
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# End to end: the command line, the launcher and a server that dies
+
+
+def test_launcher_finds_programs_beside_python_or_names_the_missing_one(monkeypatch):
+    from hf_grpo.launch import ProgramNotFound, resolve_program
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # a venv used as .venv/bin/python without activating it
+    resolved = resolve_program(["accelerate", "launch", "-m", "hf_grpo.train"])
+    assert resolved[0] == str(Path(sys.executable).parent / "accelerate") and resolved[1:] == [
+        "launch",
+        "-m",
+        "hf_grpo.train",
+    ]
+    with pytest.raises(ProgramNotFound, match=r"`vllm` is not on PATH.*pip install -e '\.\[vllm\]'"):
+        resolve_program(["vllm", "serve", "Qwen/Qwen2.5-Math-1.5B"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow  # ~40 s, the slowest of tier 1: a whole launch (server, training, stop)
+def test_launcher_starts_the_server_trains_and_stops_it(policy_dir, tmp_path):
+    port, out = free_port(), tmp_path / "launched"
+    result = run_train(
+        *COMMON,
+        "--model_name_or_path",
+        str(policy_dir),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--generation.backend",
+        "vllm_server",
+        "--generation.port",
+        str(port),
+        "--generation.serve_command",
+        FIXTURE_SERVE,
+        "--generation.server_timeout",
+        "120",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "vLLM server healthy at http://127.0.0.1:" in result.stderr
+    assert (out / "adapter_model.safetensors").is_file() and (out / "vllm_server.log").is_file()
+    log = (out / "vllm_server.log").read_text()
+    assert "--gpu-memory-utilization" in log and "vllm_adapters/step-1" in log  # our flags reached it; LoRA synced
+    with pytest.raises(requests.ConnectionError):  # stopped when training ended
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_killed_server_ends_the_run_with_a_clear_error(policy_dir, tmp_path):
+    server = start_subprocess(policy_dir, enable_lora=True, max_lora_rank=8)
+    out = tmp_path / "killed"
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hf_grpo.train",
+                *COMMON,
+                "--model_name_or_path",
+                str(policy_dir),
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "500",
+                "--generation.backend",
+                "vllm_server",
+                "--generation.base_url",
+                server.url,
+                "--generation.request_timeout",
+                "5",
+                "--generation.max_retries",
+                "1",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        history = out / "training_history.json"
+        while time.monotonic() < deadline:  # let it train a couple of steps
+            if history.exists() and len(json.loads(history.read_text() or "[]")) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        server.kill()
+        killed = time.monotonic()
+        _, stderr = proc.communicate(timeout=120)
+        ended = time.monotonic() - killed
+    finally:
+        server.stop()
+    assert proc.returncode not in (0, None)
+    assert ended < 60, f"the run took {ended:.0f} s to stop after the server died"
+    assert server.url in stderr and "vllm serve" in stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.subprocess
+@pytest.mark.slow  # 40 s: a whole launch
+def test_a_signalled_launcher_leaves_no_process_behind_and_the_run_resumes(policy_dir, tmp_path):
+    """The launcher, its vLLM server, accelerate and both training workers all end on SIGTERM of the
+    launcher while training runs (after a checkpoint); the same command with resume auto then continues. (SIGINT
+    takes the launcher's same path: test_failure_messages.py's Ctrl-C test sends it to a 2-process launch.)"""
+    signum = signal.SIGTERM
+    mark = f"{os.getpid()}-{signum}-{time.monotonic_ns()}"
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "hf_grpo.train", *COMMON,
+        "--model_name_or_path", str(policy_dir), "--output_dir", str(out), "--save_strategy", "steps",
+        "--save_steps", "2", "--num_processes", "2", "--generation.backend", "vllm_server",
+        "--generation.serve_command", FIXTURE_SERVE, "--generation.server_timeout", "120",
+        "--eval_before_after", "false",
+    ]  # fmt: skip
+    with launched(
+        [*command, "--max_steps", "500", "--generation.port", str(free_port())],
+        mark, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as launcher:  # fmt: skip
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # a complete checkpoint, then training is under way past it
+            commands = list(marked_processes(mark).values())
+            started = (
+                sum("vllm_server" in c for c in commands) >= 1 and sum("hf_grpo.train" in c for c in commands) >= 4
+            )
+            if started and any((c / "trainer_state.json").is_file() for c in out.glob("checkpoint-*")):
+                break
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the run did not reach a checkpoint: {marked_processes(mark)}")
+        time.sleep(1)
+        launcher.send_signal(signum)
+        launcher.wait(timeout=120)
+        assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
+        steps = sorted(
+            int(c.name.split("-")[1]) for c in out.glob("checkpoint-*") if (c / "trainer_state.json").is_file()
+        )
+        resumed = subprocess.run(
+            [*command, "--max_steps", str(steps[-1] + 2), "--generation.port", str(free_port()),
+             "--resume_from_checkpoint", "auto"],
+            cwd=REPO, env={**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"},
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        history = json.loads((out / "training_history.json").read_text())
+        assert max(r["step"] for r in history if "reward" in r) == steps[-1] + 2
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_workers_that_ignore_the_stop_signal_are_killed_with_the_launch(signum):
+    """After the grace period the launcher killed only `accelerate launch`, orphaning its workers."""
+    mark = f"stubborn-{os.getpid()}-{signum}-{time.monotonic_ns()}"
+    with launched(
+        [sys.executable, "-m", "tests.scripts.stubborn_launch"], mark, stdout=subprocess.PIPE, text=True
+    ) as launcher:
+        assert launcher.stdout.readline().strip() == "launched"
+        # launcher, its watchdog, launch, worker
+        assert wait_until(lambda: len(marked_processes(mark)) == 4, 120), marked_processes(mark)
+        launcher.send_signal(signum)
+        # The launcher's stop is bounded by its code (2 s grace, SIGKILL, the watchdog told to exit), not by a number
+        # of seconds on a loaded machine: this wait only catches a hang (it failed once at 30 s under load ~4.5).
+        assert launcher.wait(timeout=300) == 130
+        # its groups were SIGKILLed before it returned: only the kernel's reaping is left
+        assert wait_until(lambda: not marked_processes(mark), 60), marked_processes(mark)
+
+
+def test_a_sigkilled_launcher_leaves_no_process_behind(tmp_path):
+    """A SIGKILLed launcher stops nothing itself; its watchdog stops the server's and the training launch's
+    process groups, SIGKILLing the workers that ignore SIGTERM after its grace period."""
+    mark = f"sigkilled-{os.getpid()}-{time.monotonic_ns()}"
+    with launched(
+        [sys.executable, "-m", "tests.scripts.stubborn_launch", "--server", str(tmp_path)],
+        mark,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as launcher:
+        assert launcher.stdout.readline().strip() == "launched"
+        # launcher, server, engine worker, launch, worker (and, with its watchdog, one more)
+        assert wait_until(
+            lambda: sum("hf_grpo.watchdog" not in c for c in marked_processes(mark).values()) == 5, 30
+        ), marked_processes(mark)
+        launcher.kill()
+        launcher.wait()
+        assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
+        assert "hf_grpo watchdog: the launcher died" in launcher.stderr.read()
+
+
+def test_a_launch_that_ends_dismisses_its_watchdog(tmp_path):
+    """The launcher stops its groups itself, then its watchdog exits without signalling anything."""
+    mark = f"finished-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.scripts.stubborn_launch", "--server", str(tmp_path), "--finish"],
+            cwd=REPO,
+            env={**os.environ, RUN_MARK: mark},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert not [c for c in marked_processes(mark).values() if "hf_grpo.watchdog" in c]
+        assert "hf_grpo watchdog" not in result.stderr
+        assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
+    finally:
+        kill_marked(mark)
+
+
+@pytest.mark.parametrize("end", ["done", "eof"])
+def test_the_watchdog_stops_its_groups_only_when_the_launcher_dies(end):
+    """``done`` dismisses the watchdog, leaving the groups alone; end of file without it stops them all (SIGKILL for
+    a group that ignores SIGTERM)."""
+    from hf_grpo.watchdog import Watchdog
+
+    ignores_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
+    )
+    groups = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+        for code in ("import time; print(flush=True); time.sleep(600)", ignores_term)
+    ]
+    watchdog = Watchdog(grace_s=1.0)
+    try:
+        for group in groups:
+            group.stdout.readline()  # started, SIGTERM handler set
+            watchdog.watch(group.pid)
+        if end == "done":
+            watchdog.dismiss()
+            time.sleep(1.5)
+            assert [group.poll() for group in groups] == [None, None]
+        else:
+            watchdog.process.stdin.close()
+            assert watchdog.process.wait(timeout=10) == 0
+            assert [group.wait(timeout=1) for group in groups] == [-signal.SIGTERM, -signal.SIGKILL]
+    finally:
+        for group in groups:
+            group.kill()
+            group.communicate()
+        if watchdog.process.poll() is None:
+            watchdog.process.kill()
+
+
+def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
+    """Stopping the server waited for the group leader only; an engine worker that outlives it (here one
+    that ignores SIGTERM) was left running, holding its GPU."""
+    from hf_grpo.generation.server import VLLMServerProcess
+
+    mark = f"server-{os.getpid()}-{time.monotonic_ns()}"
+    worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    leader = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(600)"
+    server = VLLMServerProcess(
+        [sys.executable, "-c", leader], {RUN_MARK: mark}, "http://127.0.0.1:9", tmp_path / "server.log", 10
+    )
+    server.start()
+    try:
+        assert wait_until(lambda: len(marked_processes(mark)) == 2, 30), marked_processes(mark)
+        server.stop(grace_s=5)
+        assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
+    finally:
+        kill_marked(mark)
