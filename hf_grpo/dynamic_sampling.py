@@ -382,7 +382,8 @@ class DynamicSampler:
         count = int(self._gather(len(groups)).max())
         if count == 0:
             return
-        logps = old_logps(collate_groups(groups + [dummy] * (count - len(groups)), self.pad_token_id, token_keys))
+        pad = {k: v for k, v in dummy.items() if not groups or k in groups[0]}  # a carried dummy has old log-probs
+        logps = old_logps(collate_groups(groups + [pad] * (count - len(groups)), self.pad_token_id, token_keys))
         for i, group in enumerate(groups):  # logps: [count * G, C]
             rows = slice(i * self.num_generations, (i + 1) * self.num_generations)
             group["old_per_token_logps"] = logps[rows, : group["completion_ids"].size(1)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -211,3 +212,33 @@ def test_batch_scaled_rewards_with_dynamic_sampling_say_which_std_scales_a_kept_
     batch`` that round's std includes the groups dynamic sampling dropped. Said at configuration time."""
     tiny_config(tmp_path, dynamic_sampling=True, scale_rewards=scale)
     assert ("scale_rewards 'batch': each kept group's advantages" in caplog.text) is warned
+
+
+def test_a_process_with_fewer_groups_to_fill_pads_with_copies_that_collate():
+    """Every process runs as many old-log-prob forward passes as the one with the most groups to fill (a collective
+    under ZeRO-3), padding with copies of its first batch group. That group may be a carried one, which already has
+    its old log-probs: the copies must not bring them, or the padded batch cannot be collated (seen in a 2-process
+    run: "cannot collate groups: ['old_per_token_logps'] present in some groups only")."""
+    accelerator = SimpleNamespace(
+        device="cpu", process_index=0, num_processes=2, gather=lambda t: torch.cat([t, t + 1])
+    )
+    sampler = sampling.DynamicSampler(
+        accelerator, [{"prompt": "q"}] * 4, 2, seed=0, max_rounds=2, exhausted="fill", pad_token_id=0
+    )
+    fresh = {
+        "prompt_ids": torch.ones(2, 3, dtype=torch.long),
+        "prompt_mask": torch.ones(2, 3, dtype=torch.long),
+        "completion_ids": torch.ones(2, 4, dtype=torch.long),
+        "completion_mask": torch.ones(2, 4, dtype=torch.long),
+        "advantages": torch.zeros(2),
+    }
+    carried = {**fresh, "old_per_token_logps": torch.zeros(2, 4)}
+    passes = []
+
+    def old_logps(batch):  # [rows, C]: row i holds i
+        passes.append(batch["completion_ids"].size(0))
+        return torch.arange(batch["completion_ids"].size(0), dtype=torch.float).unsqueeze(1).expand(-1, 4)
+
+    sampler._fill_old_logps([fresh], carried, old_logps, ())
+    assert passes == [4]  # this process's group and one copy: the other process (gathered count 2) fills two
+    assert fresh["old_per_token_logps"].tolist() == [[0.0] * 4, [1.0] * 4]
