@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
-from hf_grpo.outputs import EVAL_RECORDS
+from hf_grpo.run_files import EVAL_RECORDS
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -43,8 +43,8 @@ import yaml
 from hf_grpo.data.arithmetic import make_transfer_split
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
 from hf_grpo.generation.vllm_install import find_vllm
-from hf_grpo.outputs import EVAL_RECORDS, HISTORY_FILE
 from hf_grpo.rewards.functions import hash_final_format
+from hf_grpo.run_files import EVAL_RECORDS, HISTORY_FILE
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,9 +21,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from .data.loaders import ALIASES, EMBEDDED, PRESETS
 from .evaluation.summary import eval_table, gain_interval, gain_sentence
 from .local_models import PACKAGED_MODELS
-from .outputs import PLOT_FILE, RECIPE_FILE
 from .recipe import load_yaml
 from .results import RunResult, as_run_result, run_kind
+from .run_files import PLOT_FILE, RECIPE_FILE
 
 
 CARD_FILE = "README.md"

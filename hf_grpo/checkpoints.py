@@ -22,7 +22,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .outputs import RECIPE_FILE
+from .run_files import RECIPE_FILE
 
 
 logger = logging.getLogger(__name__)

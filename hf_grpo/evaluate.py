@@ -21,8 +21,8 @@ import yaml
 
 from .evaluation.checks import check_model, check_output
 from .launch import apply_thread_policy
-from .outputs import RECIPE_FILE
 from .rewards import RewardArguments
+from .run_files import RECIPE_FILE
 
 
 # hf_grpo.evaluation.core's default, read here without importing torch: bad input fails before the heavy imports

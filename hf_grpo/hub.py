@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .card import CARD_FILE, model_card, public_recipe, public_value, scrub_paths
-from .outputs import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
+from .hub_token import TOKEN_SHAPE, env_token, redact
 from .results import ADAPTER_FILES, MODEL_SHARD, RunFileError, RunResult, library_versions, run_kind
-from .tokens import TOKEN_SHAPE, env_token, redact
+from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
 
 
 logger = logging.getLogger("hf_grpo.hub")

@@ -25,7 +25,6 @@ from .evaluation.stats import gain_from_run
 from .hub import push as push_to_hub
 from .launch import SERVER_STARTED_ENV, apply_thread_policy
 from .miniature import activate
-from .outputs import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
 from .progress import enabled_for
 from .recipe import Recipe, RecipeError
 from .recipe.schema import key_defaults
@@ -33,6 +32,7 @@ from .recipe.yaml12 import load_yaml
 from .results import RunResult, library_versions
 from .rewards import load_reward_funcs
 from .rewards.wrapper import RewardFailedError
+from .run_files import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
 from .run_lock import RunLockError, acquire, check_free, release
 from .trackers import TrackerSetup, log_evaluation, setup_trackers
 

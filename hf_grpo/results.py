@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from .evaluation.stats import resolve_gain, usable_gain
-from .outputs import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, RECIPE_FILE, VERSIONS_FILE
 from .recipe import field_index, load_yaml
+from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, RECIPE_FILE, VERSIONS_FILE
 
 
 ADAPTER_CONFIG = "adapter_config.json"

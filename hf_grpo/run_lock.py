@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .outputs import LOCK_FILE
+from .run_files import LOCK_FILE
 
 
 logger = logging.getLogger(__name__)

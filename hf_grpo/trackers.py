@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .outputs import PLOT_FILE
 from .results import RunResult
+from .run_files import PLOT_FILE
 
 
 logger = logging.getLogger(__name__)

@@ -80,7 +80,7 @@ from hf_grpo.evaluation import core
 from hf_grpo.evaluation.history import write_json
 from hf_grpo.evaluation.report import write_report
 from hf_grpo.evaluation.tasks import TaskEvaluator
-from hf_grpo.outputs import EVAL_FILE
+from hf_grpo.run_files import EVAL_FILE
 from hf_grpo.pipeline import paired_gain_of_run
 
 spec = json.loads(Path(sys.argv[1]).read_text())

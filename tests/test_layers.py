@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hf_grpo"
 
 # Bottom to top, as in README's layout section. A name covers the module and, for a package, everything in it.
 LAYERS = [
-    ["outputs", "progress", "watchdog", "crash_log", "tokens", "config", "run_lock"],
+    ["run_files", "progress", "watchdog", "crash_log", "hub_token", "config", "run_lock"],
     [
         "data",
         "rewards",
@@ -169,16 +169,16 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     pkg = tmp_path / "hf_grpo"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "outputs.py").write_text("from .train import main\n")
-    (pkg / "train.py").write_text("def main():\n    from . import outputs\n")
+    (pkg / "run_files.py").write_text("from .train import main\n")
+    (pkg / "train.py").write_text("def main():\n    from . import run_files\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg, raising=False)
     monkeypatch.setitem(globals(), "PACKAGE", pkg)
     _, edges, lazy = import_graph()
-    assert edges == {"outputs": {"train"}, "train": {"outputs"}}
+    assert edges == {"run_files": {"train"}, "train": {"run_files"}}
     assert lazy == [("train", 2, False)]
     with pytest.raises(pytest.fail.Exception, match="import cycle"):
         test_the_import_graph_has_no_cycle()
-    with pytest.raises(AssertionError, match="hf_grpo.outputs .layer 0. imports hf_grpo.train"):
+    with pytest.raises(AssertionError, match="hf_grpo.run_files .layer 0. imports hf_grpo.train"):
         test_imports_point_down_the_layers()
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from hf_grpo import run_lock
-from hf_grpo.outputs import HISTORY_FILE, LOCK_FILE, RECIPE_FILE
+from hf_grpo.run_files import HISTORY_FILE, LOCK_FILE, RECIPE_FILE
 
 from .helpers.common import REPO, run_module
 from .helpers.launching import wait_until

@@ -13,8 +13,8 @@ import pytest
 
 from hf_grpo import pipeline
 from hf_grpo.evaluation import report
-from hf_grpo.outputs import EVAL_FILE, HISTORY_FILE, RECIPE_FILE, SUMMARY_FILE
 from hf_grpo.results import RunResult
+from hf_grpo.run_files import EVAL_FILE, HISTORY_FILE, RECIPE_FILE, SUMMARY_FILE
 from hf_grpo.train import train
 
 

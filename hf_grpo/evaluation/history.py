@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..outputs import HISTORY_FILE
+from ..run_files import HISTORY_FILE
 
 
 def write_json(path: str | Path, data) -> None:

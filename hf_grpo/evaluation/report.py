@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from ..card import write_local_card
-from ..outputs import PLOT_FILE, SUMMARY_FILE
 from ..results import RunFileError, RunResult, as_run_result
+from ..run_files import PLOT_FILE, SUMMARY_FILE
 from .plot import plot_training
 from .summary import summary_markdown
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import NormalDist
 
-from ..outputs import EVAL_FILE, EVAL_RECORDS
+from ..run_files import EVAL_FILE, EVAL_RECORDS
 
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..outputs import PLOT_FILE
 from ..results import RunResult
+from ..run_files import PLOT_FILE
 from .stats import METHOD, points, usable_gain
 
 

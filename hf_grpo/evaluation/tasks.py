@@ -23,9 +23,9 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
-from ..outputs import EVAL_RECORDS
 from ..progress import enabled_for
 from ..rewards.wrapper import IsolatedReward, RewardPool
+from ..run_files import EVAL_RECORDS
 from ..workers import default_num_workers
 from .core import DEFAULT_GRADE_TIMEOUT, EVAL_GRADES, MAX_GRADE_WORKERS, evaluate
 

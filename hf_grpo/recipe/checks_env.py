@@ -18,8 +18,8 @@ from ..config import ModelArguments
 from ..data.loaders import PRESETS, DataArguments, is_local_file, source_splits
 from ..generation.layout import GenerationArguments
 from ..hardware import MINIATURE_HINT, hardware_problems
+from ..hub_token import env_token
 from ..process_layout import Layout
-from ..tokens import env_token
 from .schema import RecipeError, key_defaults
 
 
