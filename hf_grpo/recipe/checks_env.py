@@ -222,14 +222,15 @@ def check_sizes(
 
 
 def check_hardware(
-    values: dict, layout: Layout, generation: GenerationArguments, miniature: bool, for_run: bool
+    values: dict, layout: Layout, generation: GenerationArguments, vllm_standin: bool, for_run: bool
 ) -> list[str]:
-    """What this machine cannot run; for a run (not a dry run) any of it is an error."""
-    hardware = hardware_problems(values, key_defaults(), layout, generation, vllm_standin=miniature)
+    """What this machine cannot run (``vllm_standin``: CPU stand-ins may replace vLLM, as in a miniature); for a run
+    (not a dry run) any of it is an error."""
+    hardware = hardware_problems(values, key_defaults(), layout, generation, vllm_standin=vllm_standin)
     name = values.get("model_name_or_path")
     if isinstance(name, str) and local_models.resolve(name) is not None and not local_models.is_ready(name):
         hardware.append(f"model_name_or_path: {local_models.missing_message(name)}")
     if hardware and for_run:
-        hint = "" if miniature else f"; {MINIATURE_HINT}"
+        hint = "" if vllm_standin else f"; {MINIATURE_HINT}"
         raise RecipeError("this machine cannot run it: " + " | ".join(hardware) + hint)
     return hardware

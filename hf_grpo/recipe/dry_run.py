@@ -91,8 +91,7 @@ def render_dry_run(recipe: Recipe, commands: list[str], per_node: list[str] = ()
     if per_node:
         out += ["", "on separate machines: this command on each, with its rank (or $NODE_RANK and $MASTER_ADDR set):"]
         out += [f"  {c}" for c in per_node]
-    if recipe.miniature is not None:
-        out += ["", *recipe.miniature.describe()]
+    out += recipe.miniature.describe()  # what --miniature swapped (nothing for the recipe as written)
     if recipe.hardware:
         out += ["", "this machine cannot run it as written (a real run exits with code 2):"]
         out += [f"  - {problem}" for problem in recipe.hardware]

@@ -17,7 +17,6 @@ from ..generation.layout import GenerationArguments, trl_fields
 from ..hardware import auto_backend
 from ..launch import inside_launch
 from ..miniature import Miniature
-from ..miniature.assets import ensure_assets
 from ..process_layout import (
     LaunchArguments,
     Layout,
@@ -57,20 +56,18 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     where = (
         f"{path} (with {' '.join(f'--{key}' for key in overrides)} from the command line)" if overrides else str(path)
     )
-    miniature = None
     with schema.located(where):
         _check_keys_together(values, set(data), set(overrides), sources)
-        if "miniature" in flags:
-            values, miniature = _swap_in_miniature(values, nested, set(overrides), sources)
-    with schema.located(f"{where} (miniature)" if miniature is not None else where):
-        built_later = {values.get("model_name_or_path")} if miniature is not None and miniature.assets else set()
+        values, miniature = _miniature(values, nested, flags, set(overrides), sources)
+    with schema.located(miniature.located(where)):
+        built_later = miniature.built_later
         checks.check_files(values, built_later)
         launch = _build("launch", values)
         layout = _layout(launch, path.parent, miniature, for_run)
         plan = batch_plan(values, layout.num_processes)
         model = _build_model(values)
         data_args, rewards = _build("data", values), _build("rewards", values)
-        _check_built(values, env, miniature, plan, model, data_args, rewards, built_later)
+        _check_built(values, env, miniature.env, plan, model, data_args, rewards, built_later)
         generation = GenerationArguments(**nested["generation"])
         checks.check_generation_section(generation, model, values)
         if generation.overlap and "vllm_importance_sampling_mode" not in values:  # why: hf_grpo/generation/overlap.py
@@ -78,17 +75,16 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
         checks_env.check_sizes(model, values, generation, env, built_later)
         checks.check_precision(model, layout)
-        hardware = checks_env.check_hardware(values, layout, generation, miniature is not None, for_run)
+        hardware = checks_env.check_hardware(values, layout, generation, miniature.active, for_run)
         training = _training_config(values, plan, generation, model.use_peft, layout, for_run)
         checks.check_overlap_cycle(generation, plan, training.num_iterations)
     if nested["generation"]:
         values["generation"] = nested["generation"]
     recipe = Recipe(path, values, model, data_args, rewards, launch, training, layout, plan, generation, env)
     recipe.hardware, recipe.sources = hardware, sources
-    if miniature is not None:
-        recipe.miniature, recipe.env = miniature, {**miniature.env, **env}
-        if for_run and miniature.assets is not None:
-            ensure_assets(miniature.assets)
+    recipe.miniature, recipe.env = miniature, {**miniature.env, **env}
+    if for_run:
+        miniature.build()
     return recipe, flags
 
 
@@ -163,8 +159,11 @@ def miniaturize(values: dict, generation: dict, fixed: set[str]) -> tuple[dict, 
     return miniatures.miniaturize(values, generation, fixed, key_defaults(), data, reward_funcs)
 
 
-def _swap_in_miniature(values: dict, nested: dict, fixed: set, sources: dict) -> tuple[dict, Miniature]:
-    """The recipe's miniature (``--miniature``): new values and generation section, and what was swapped."""
+def _miniature(values: dict, nested: dict, flags: set, fixed: set, sources: dict) -> tuple[dict, Miniature]:
+    """The recipe's values and their miniature with ``--miniature`` (new values and generation section, and what was
+    swapped); otherwise the values as they are and the identity ``Miniature()``."""
+    if "miniature" not in flags:
+        return values, Miniature()
     try:
         values, nested["generation"], miniature = miniaturize(values, nested["generation"], fixed)
     except ValueError as exc:
@@ -193,9 +192,9 @@ def _build_model(values: dict) -> ModelArguments:
     return model
 
 
-def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None, for_run: bool) -> Layout:
+def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature, for_run: bool) -> Layout:
     """The process layout (accelerate config), with a miniature's CPU mixed precision; with several machines, a run
-    (not a miniature, which can simulate them here) must say which node this is."""
+    must say which node this is (a miniature simulates them all on this host)."""
     try:
         layout = resolve_layout(launch, base_dir)
     except (FileNotFoundError, ValueError) as exc:
@@ -203,19 +202,18 @@ def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature | None
     rank, machines = layout.machine_rank, layout.num_machines
     if machines > 1 and rank is not None and not 0 <= rank < machines:
         raise RecipeError(f"machine_rank is {rank}, but num_machines is {machines}: use 0 to {machines - 1}")
-    if for_run and machines > 1 and miniature is None and not inside_launch() and not layout.names_node():
+    if for_run and machines > 1 and not miniature.active and not inside_launch() and not layout.names_node():
         raise RecipeError(unnamed_node_message(machines))
     if for_run and (problem := loopback_host_problem(layout, gloo=not torch.cuda.is_available())):
         raise RecipeError(problem)  # before any process group waits on an address no peer reaches
-    if miniature is not None and "--mixed_precision" in miniature.accelerate_args:
-        layout.mixed_precision = miniature.accelerate_args[miniature.accelerate_args.index("--mixed_precision") + 1]
+    layout.mixed_precision = miniature.mixed_precision or layout.mixed_precision
     return layout
 
 
-def _check_built(values, env, miniature, plan, model, data_args, rewards, built_later) -> None:
+def _check_built(values, env, miniature_env, plan, model, data_args, rewards, built_later) -> None:
     """The checks that need the built sections: data, offline datasets, steps, LoRA targets, rewards, push."""
     checks.check_data(data_args)
-    checks_env.check_offline(data_args, {**(miniature.env if miniature is not None else {}), **env})
+    checks_env.check_offline(data_args, {**miniature_env, **env})
     checks.check_steps(values, plan, data_args)
     checks_env.check_lora_targets(model, values, built_later)
     checks.check_sampling_metric(values, rewards)

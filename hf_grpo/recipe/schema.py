@@ -132,6 +132,6 @@ class Recipe:
     plan: BatchPlan
     generation: GenerationArguments = field(default_factory=GenerationArguments)
     env: dict[str, str] = field(default_factory=dict)
-    miniature: Miniature | None = None  # set by --miniature: what was swapped (hf_grpo.miniature)
+    miniature: Miniature = field(default_factory=Miniature)  # what --miniature swapped; else the identity
     hardware: list[str] = field(default_factory=list)  # what this machine cannot run (reported by --dry-run)
     sources: dict[str, str] = field(default_factory=dict)  # where each value in ``values`` came from (--dry-run)
