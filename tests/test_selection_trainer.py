@@ -21,9 +21,10 @@ from hf_grpo.selection import Record, prompt_key
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import REPO, tiny_config, tiny_lora
+from .helpers.common import REPO, tiny_config
 from .helpers.overlap_run import make_overlap_trainer
 from .helpers.reward_scripts import third_varying
+from .helpers.trainers import make_trainer
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +46,18 @@ def run(tiny, tmp_path, selection: bool) -> tuple[GRPOTrainer, list[list[bool]]]
     history starts as if every no-signal prompt had given 8 empty groups in a row (skip probability 0.95), and does
     not adapt, so that what is generated shows the skipping itself."""
     model, tokenizer, train = tiny
-    args = tiny_config(
+    trainer = make_trainer(
         tmp_path,
+        model=copy.deepcopy(model),
+        tokenizer=tokenizer,
+        reward_funcs=third_varying,
+        train_dataset=train,
         per_device_train_batch_size=8,
         max_completion_length=8,
         max_steps=12,
         dynamic_sampling=True,
         max_generation_batches=6,
         prompt_selection=selection,
-    )
-    trainer = GRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=third_varying,
-        args=args,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
     )
     if selection:
         history = trainer._sampler.selector.history

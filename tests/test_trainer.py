@@ -16,9 +16,9 @@ from hf_grpo.rewards.functions import gsm8k_correctness
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
-from .helpers import reward_scripts
+from .helpers import reward_scripts, trainers
 from .helpers.callbacks import StopAt
-from .helpers.common import tiny_config, tiny_lora
+from .helpers.common import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +31,15 @@ def tiny():
 
 
 def make_trainer(tiny, tmp_path, reward=gsm8k_correctness, **overrides) -> GRPOTrainer:
+    """A trainer of a copy of the warm-started tiny model (``tests/helpers/trainers.make_trainer``)."""
     model, tokenizer, train = tiny
-    return GRPOTrainer(
+    return trainers.make_trainer(
+        tmp_path,
         model=copy.deepcopy(model),
+        tokenizer=tokenizer,
         reward_funcs=reward,
-        args=tiny_config(tmp_path, **overrides),
         train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
+        **overrides,
     )
 
 
@@ -94,7 +95,7 @@ def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path):
     the next training step's time/*. Here evaluation's reward sleeps 1.5 s; training's does not."""
     import time
 
-    model, tokenizer, train = tiny
+    train = tiny[2]
     holder = {}
 
     def slow_in_eval(prompts, completions, **kwargs):
@@ -102,14 +103,15 @@ def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path):
             time.sleep(1.5)
         return reward_scripts.alternating(prompts, completions)
 
-    trainer = GRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=slow_in_eval,
-        args=tiny_config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=16),
-        train_dataset=train,
+    trainer = make_trainer(
+        tiny,
+        tmp_path,
+        reward=slow_in_eval,
         eval_dataset=train.select(range(4)),
-        processing_class=tokenizer,
-        peft_config=tiny_lora(),
+        max_steps=2,
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=16,
     )
     holder["trainer"] = trainer
     trainer.train()

@@ -25,6 +25,7 @@ def make_trainer(
     generator=None,
     callbacks=None,
     reward_processing_classes=None,
+    eval_dataset=None,
     **overrides,
 ):
     """A ``GRPOTrainer`` with LoRA and ``tiny_config(output_dir, **overrides)``. Unless given: a fresh tiny model of
@@ -35,6 +36,7 @@ def make_trainer(
 
     tokenizer = build_tokenizer() if tokenizer is None else tokenizer
     extra = {"generator": generator, "callbacks": callbacks, "reward_processing_classes": reward_processing_classes}
+    extra["eval_dataset"] = eval_dataset
     return trainer_module.GRPOTrainer(  # looked up when called: a test may have patched the module
         model=build_model(tokenizer, hidden_size=hidden_size) if model is None else model,
         reward_funcs=gsm8k_correctness if reward_funcs is None else reward_funcs,
