@@ -110,7 +110,7 @@ def public_recipe(text: str) -> str:
     ``save_recipe`` writes names the recipe by its file name when it was given as a local path (``# resolved from
     /home/me/r.yaml ...`` -> ``# resolved from r.yaml ...``), and ``scrub_paths`` cleans what is left (comments, paths
     inside longer strings or flow-style lists)."""
-    text = RECIPE_HEADER.sub(lambda m: m.group(1) + _header_path(m.group(2)) + m.group(3), text)
+    text = RECIPE_HEADER.sub(lambda m: m[1] + (_basename(m[2]) if is_local_path(m[2]) else m[2]) + m[3], text)
     return "".join(_public_recipe_line(line) for line in text.splitlines(keepends=True))
 
 
@@ -128,27 +128,19 @@ def _public_recipe_line(line: str) -> str:
     return scrub_paths(prefix + rest)
 
 
-def _header_path(path: str) -> str:
-    return _basename(path) if is_local_path(path) else path
-
-
 def _public_name(name: str) -> str:
     """A dataset or model name as the card may show it: a local path becomes its file name."""
     return _basename(name) if is_local_path(name) or Path(name).suffix.lower() in DATA_FILE_SUFFIXES else name
 
 
 def _hub_model_id(name: Any) -> str | None:
-    """``name`` when it looks like a Hub model id (``owner/name``) and is not a local path, else None."""
-    if not isinstance(name, str) or not HUB_REPO_ID.match(name) or name.startswith((".", "~")):
-        return None
-    return None if Path(name).expanduser().exists() else name
+    """``name`` when it looks like a Hub id (``owner/name``) and is not a local path, else None."""
+    is_hub_id = isinstance(name, str) and HUB_REPO_ID.match(name) and not Path(name).expanduser().exists()
+    return name if is_hub_id else None
 
 
 def _hub_dataset_id(name: Any) -> str | None:
-    if not isinstance(name, str) or name in EMBEDDED:
-        return None
-    name = ALIASES.get(name, name)
-    return name if HUB_REPO_ID.match(name) and not Path(name).expanduser().exists() else None
+    return None if not isinstance(name, str) or name in EMBEDDED else _hub_model_id(ALIASES.get(name, name))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -450,7 +442,6 @@ def model_card(
         model_name=ref.split("/")[-1],
         results=eval_results(run) if run.has_eval else [],
     )
-    settings = [(label, _setting(run, key)) for label, key in SETTINGS]
     card = ModelCard.from_template(
         data,
         template_path=str(TEMPLATE),
@@ -463,7 +454,7 @@ def model_card(
         data_text=_data_description(run),
         rewards_text=_rewards_text(run),
         lora=_lora_text(run) if kind == "adapter" or merged else None,
-        settings=[(label, text) for label, text in settings if text is not None],
+        settings=[(label, text) for label, key in SETTINGS if (text := _setting(run, key)) is not None],
         facts=_history_facts(run.history),
         evaluation=_evaluation(run),
         samples=_samples(run),

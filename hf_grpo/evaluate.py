@@ -44,26 +44,23 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(fail(f"{message} (see {self.prog} --help)"))
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type of ``--grade-timeout``: a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+def _positive(kind: type, noun: str, bound: str):
+    """An argparse type: the text as a positive ``kind``; its errors say the text is not ``noun`` or ``bound``."""
+
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{bound}, got {text}")
+        return value
+
+    return convert
 
 
-def positive_int(text: str) -> int:
-    """argparse type of the counts (``--max-samples``, ``--num-samples``...): a positive integer."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+positive_seconds = _positive(float, "a number of seconds", "must be positive")  # --grade-timeout
+positive_int = _positive(int, "a whole number", "must be at least 1")  # the counts (--max-samples, --num-samples...)
 
 
 def parse_args(argv: list[str] | None, prog: str = PROG):
@@ -101,10 +98,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG):
 
 
 def find_recipe(path: Path) -> Path | None:
-    for folder in (path, path.parent):
-        if (folder / RECIPE_FILE).is_file():
-            return folder / RECIPE_FILE
-    return None
+    return next((folder / RECIPE_FILE for folder in (path, path.parent) if (folder / RECIPE_FILE).is_file()), None)
 
 
 def recipe_values(recipe: Path | None) -> dict:

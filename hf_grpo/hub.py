@@ -125,34 +125,23 @@ def public_copy(name: str, path: Path) -> bytes | None:
     vocabulary, the chat template and the per-problem ``eval_*.jsonl`` records (prompts, references and completions
     as the model saw and wrote them).
     """
-    if name == RECIPE_FILE:
-        text = path.read_text()
-        public = public_recipe(text)
-    elif name == SUMMARY_FILE:
-        text = path.read_text()
-        public = scrub_paths(text)
-    elif name in JSON_FILES or name in TOP_LEVEL_JSON_FILES:
+    if name in JSON_FILES or name in TOP_LEVEL_JSON_FILES:
         return _public_json(name, path.read_bytes())
-    else:
+    clean = {RECIPE_FILE: public_recipe, SUMMARY_FILE: scrub_paths}.get(name)
+    if clean is None:
         return None
+    text = path.read_text()
+    public = clean(text)
     return None if public == text else public.encode()
 
 
 def public_files(files: dict[str, Path]) -> dict[str, Path | bytes]:
     """``files`` (path in repo -> local file) with the files that name local paths replaced by cleaned bytes."""
-    public: dict[str, Path | bytes] = {}
-    for name, path in files.items():
-        cleaned = public_copy(name, path)
-        public[name] = path if cleaned is None else cleaned
-    return public
+    return {name: path if (cleaned := public_copy(name, path)) is None else cleaned for name, path in files.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Secrets
-
-
-def _is_weights(name: str) -> bool:
-    return name.endswith(".safetensors")
 
 
 def _scan_bytes(name: str, data: bytes, token: str | None) -> None:
@@ -184,7 +173,7 @@ def scan_for_tokens(files: dict[str, Path | bytes], token: str | None) -> None:
     for name, source in files.items():
         if isinstance(source, bytes):
             data = source
-        elif _is_weights(name):
+        elif name.endswith(".safetensors"):
             data = _safetensors_header(source)
         else:
             data = source.read_bytes()

@@ -127,6 +127,12 @@ class Story:
     recipe_text: str  # recipe.yaml as written
     step: int  # the last optimizer step
 
+    def logged(self, image) -> dict:
+        """What a wandb or trackio ``log`` call takes: the scalars, the plot as ``image`` (the tracker's Image class)
+        and the step."""
+        plot = {IMAGE_KEY: image(str(self.plot))} if self.plot is not None else {}
+        return {**self.scalars, **plot, "train/global_step": self.step}
+
 
 def story_of(run: RunResult, step: int) -> Story:
     """The story of ``run``, the result of the run that ended at optimizer step ``step``."""
@@ -152,10 +158,7 @@ def _story_to_wandb(callback, story: Story, args, setup: TrackerSetup) -> None:
         raise RuntimeError("no wandb run is open")
     run = wandb.run
     run.config.update({RECIPE_KEY: story.recipe}, allow_val_change=True)
-    values = dict(story.scalars)
-    if story.plot is not None:
-        values[IMAGE_KEY] = wandb.Image(str(story.plot))
-    run.log({**values, "train/global_step": story.step})
+    run.log(story.logged(wandb.Image))
     if run.id != setup.wandb_run_before:
         run.finish()
 
@@ -176,10 +179,7 @@ def _story_to_trackio(callback, story: Story, args, setup: TrackerSetup) -> None
         embed=False,
     )
     try:
-        values = dict(story.scalars)
-        if story.plot is not None:
-            values[IMAGE_KEY] = trackio.Image(str(story.plot))
-        trackio.log({**values, "train/global_step": story.step})
+        trackio.log(story.logged(trackio.Image))
     finally:
         trackio.finish()
 

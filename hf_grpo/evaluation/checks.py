@@ -39,10 +39,9 @@ def check_hub_id(name: str) -> None:
 
     try:
         validate_repo_id(name)
+        valid = not name.startswith(("./", "../", "~"))
     except HFValidationError:
         valid = False
-    else:
-        valid = not name.startswith(("./", "../", "~"))
     if not valid:
         raise FileNotFoundError(f"{name} does not exist; pass a run's output_dir, a model directory or a hub id")
     if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):

@@ -9,6 +9,7 @@ grades ``timeout`` and ``error`` (``EVAL_GRADES``). Details: docs/grading.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Sequence
@@ -99,56 +100,30 @@ def generate(
     outputs: list[list[str]] = []
     with progress_bar(len(prompts), desc, enabled=progress, unit="problem", leave=False) as bar:
         for start in range(0, len(prompts), batch_size):
-            outputs += _generate_batch(
-                model,
-                tokenizer,
-                prompts[start : start + batch_size],
-                device,
+            chunk = [prompt_token_ids(tokenizer, p, chat_template_kwargs) for p in prompts[start : start + batch_size]]
+            width = max(len(ids) for ids in chunk)
+            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, ids in enumerate(chunk):
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention_mask[row, width - len(ids) :] = 1
+            generated = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
                 max_new_tokens=max_new_tokens,
                 do_sample=do_sample,
-                temperature=temperature,
+                temperature=temperature if do_sample else None,
+                top_p=None,
+                top_k=None,
                 num_return_sequences=num_return_sequences,
-                chat_template_kwargs=chat_template_kwargs,
-            )
-            bar.update(len(prompts[start : start + batch_size]))
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )  # [B * n, P + C]
+            texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+            outputs += [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
+            bar.update(len(chunk))
     model.train(was_training)
     return outputs
-
-
-def _generate_batch(
-    model,
-    tokenizer,
-    prompts: list,
-    device,
-    *,
-    max_new_tokens,
-    do_sample,
-    temperature,
-    num_return_sequences,
-    chat_template_kwargs=None,
-) -> list[list[str]]:
-    """``generate``'s work for one batch of prompts: left-pad, generate, decode."""
-    chunk = [prompt_token_ids(tokenizer, p, chat_template_kwargs) for p in prompts]
-    width = max(len(ids) for ids in chunk)
-    input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
-    attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-    for row, ids in enumerate(chunk):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    generated = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        max_new_tokens=max_new_tokens,
-        do_sample=do_sample,
-        temperature=temperature if do_sample else None,
-        top_p=None,
-        top_k=None,
-        num_return_sequences=num_return_sequences,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # [B * n, P + C]
-    texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
-    return [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
 
 
 def grade_results(
@@ -179,12 +154,9 @@ def grade_results(
     job = functools.partial(grade_completion, task)
     items = [{"completion": c, "gold": g} for c, g in zip(completions, golds, strict=True)]
     with progress_bar(len(items), desc, enabled=progress, unit="completion", leave=False) as bar:
-        if pool is None:
-            workers = min(default_num_workers(), MAX_GRADE_WORKERS, len(items))
-            with RewardPool(num_workers=workers) as own:
-                results = _map(own, job, items, timeout, bar)
-        else:
-            results = _map(pool, job, items, timeout, bar)
+        workers = min(default_num_workers(), MAX_GRADE_WORKERS, len(items))
+        with RewardPool(num_workers=workers) if pool is None else contextlib.nullcontext(pool) as grading:
+            results = _map(grading, job, items, timeout, bar)
     results = [
         r if not r.ok or r.value in GRADES else Result("error", error=f"ValueError: unknown grade {r.value!r:.100}")
         for r in results
@@ -331,16 +303,8 @@ def evaluate(
     True forces them, False hides them (``hf_grpo.progress``).
     """
     prompts = list(dataset["prompt"])
-    greedy = generate(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
-        desc=f"{label}: generate",
-        chat_template_kwargs=chat_template_kwargs,
-    )
+    options = dict(batch_size=batch_size, progress=progress, chat_template_kwargs=chat_template_kwargs)
+    greedy = generate(model, tokenizer, prompts, max_new_tokens, desc=f"{label}: generate", **options)
     sampled = None
     if num_samples > 1:
         sampled = generate(
@@ -351,19 +315,8 @@ def evaluate(
             do_sample=True,
             temperature=temperature,
             num_return_sequences=num_samples,
-            batch_size=batch_size,
-            progress=progress,
             desc=f"{label}: sample {num_samples}",
-            chat_template_kwargs=chat_template_kwargs,
+            **options,
         )
-    return grade_generations(
-        dataset,
-        task,
-        greedy,
-        sampled,
-        gold_column,
-        timeout=grade_timeout,
-        pool=pool,
-        progress=progress,
-        desc=f"{label}: grade",
-    )
+    grading = dict(timeout=grade_timeout, pool=pool, progress=progress, desc=f"{label}: grade")
+    return grade_generations(dataset, task, greedy, sampled, gold_column, **grading)

@@ -42,19 +42,18 @@ class Panel:
     right_ylabel: str | None = None
 
 
-def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """The steps at which ``key`` was logged with a finite value, and those values."""
-    points = [
-        (r["step"], float(r[key]))
+def _rows(history: list[dict], *keys: str) -> list[tuple]:
+    """(step, value of each key) of the records where every one of ``keys`` was logged with a finite value."""
+    return [
+        (r["step"], *(float(r[k]) for k in keys))
         for r in history
-        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r
+        if "step" in r and all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for k in keys)
     ]
-    return [p[0] for p in points], [p[1] for p in points]
 
 
 def _line(history: list[dict], key: str, label: str, **kwargs) -> Series | None:
-    steps, values = _series(history, key)
-    return Series(label, tuple(steps), tuple(values), **kwargs) if steps else None
+    rows = _rows(history, key)
+    return Series(label, *zip(*rows, strict=True), **kwargs) if rows else None
 
 
 def _same(a: Series | None, b: Series | None) -> bool:
@@ -70,11 +69,7 @@ def _constant(values) -> bool:
 
 def _band(history: list[dict], low_key: str, high_key: str, label: str) -> Series | None:
     """A min-max band where both edges are logged, left out when neither edge ever moves (it would say nothing)."""
-    rows = [
-        (r["step"], float(r[low_key]), float(r[high_key]))
-        for r in history
-        if all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for k in (low_key, high_key))
-    ]
+    rows = _rows(history, low_key, high_key)
     if not rows:
         return None
     steps, low, high = zip(*rows, strict=True)
@@ -83,19 +78,14 @@ def _band(history: list[dict], low_key: str, high_key: str, label: str) -> Serie
     return Series(label, steps, low, kind="band", upper=high)
 
 
-def _last_step(history: list[dict]) -> int:
-    return max((r["step"] for r in history if "step" in r), default=0)
-
-
 def _heldout(history: list[dict], eval_results: dict | None) -> Series | None:
     """Greedy held-out accuracy: before (step 0), every periodic ``eval/accuracy``, after (the last step)."""
-    steps, values = _series(history, "eval/accuracy")
-    points = list(zip(steps, values, strict=True))
+    points = _rows(history, "eval/accuracy")
     before, after = ((eval_results or {}).get(phase) for phase in ("before", "after"))
     if isinstance(before, dict) and before.get("accuracy") is not None:
         points.insert(0, (0, before["accuracy"]))
     if isinstance(after, dict) and after.get("accuracy") is not None:
-        last = _last_step(history)
+        last = max((r["step"] for r in history if "step" in r), default=0)
         if points and points[-1][0] == last and abs(points[-1][1] - after["accuracy"]) <= 1e-12:
             points.pop()  # the periodic evaluation of the last step is the after evaluation
         points.append((last, after["accuracy"]))
@@ -109,13 +99,13 @@ def _heldout(history: list[dict], eval_results: dict | None) -> Series | None:
 
 def _reward_functions(history: list[dict]) -> list[str]:
     """Names of the reward functions TRL logged a per-function mean for (``rewards/<name>/mean``)."""
-    names = dict.fromkeys(
+    names = (
         k[len("rewards/") : -len("/mean")]
         for r in history
         for k in r
         if k.startswith("rewards/") and k.endswith("/mean")
     )
-    return list(names)
+    return list(dict.fromkeys(names))
 
 
 def _accuracy_panel(history: list[dict], eval_results: dict | None, reward: Series | None) -> Panel | None:

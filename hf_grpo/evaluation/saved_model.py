@@ -153,10 +153,8 @@ def vllm_generate(name: str, prompts: list, max_new_tokens: int, num_samples: in
     params = SamplingParams(
         n=num_samples, max_tokens=max_new_tokens, temperature=temperature if num_samples > 1 else 0
     )
-    if prompts and not isinstance(prompts[0], str):
-        outputs = llm.chat(prompts, params, lora_request=lora)
-    else:
-        outputs = llm.generate(prompts, params, lora_request=lora)
+    run = llm.chat if prompts and not isinstance(prompts[0], str) else llm.generate  # chat: lists of messages
+    outputs = run(prompts, params, lora_request=lora)
     return [[o.text for o in out.outputs] for out in outputs]
 
 

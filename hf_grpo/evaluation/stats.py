@@ -137,12 +137,8 @@ def gain_from_run(output_dir: str | Path) -> dict | None:
         return None
     before, after = (_read_grades(p) for p in paths)
     if before.keys() != after.keys():
-        only_before, only_after = before.keys() - after.keys(), after.keys() - before.keys()
-        parts = []
-        if only_before:
-            parts.append(f"{len(only_before)} only in {paths[0].name} (index {_few(only_before)})")
-        if only_after:
-            parts.append(f"{len(only_after)} only in {paths[1].name} (index {_few(only_after)})")
+        only = [before.keys() - after.keys(), after.keys() - before.keys()]
+        parts = [f"{len(o)} only in {p.name} (index {_few(o)})" for o, p in zip(only, paths, strict=True) if o]
         raise ValueError(
             f"{out}: the before and after evaluations graded different problems: {'; '.join(parts)}; "
             "a paired gain needs the same held-out problems in both"

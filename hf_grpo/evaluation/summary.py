@@ -24,21 +24,12 @@ def gain_sentence(gain: dict) -> str:
     """One plain sentence: does the 95% interval of the paired difference exclude zero, and how problems moved."""
     low, high = gain["ci95"]
     n = gain["n"]
-    if low > 0:
-        verdict = (
-            f"The 95% interval of the difference excludes zero: on these {n} problems the gain is unlikely to be noise"
-        )
-    elif high < 0:
-        verdict = (
-            f"The 95% interval of the difference excludes zero: on these {n} problems the drop is unlikely to be noise"
-        )
+    if low > 0 or high < 0:
+        verdict = f"excludes zero: on these {n} problems the {'gain' if low > 0 else 'drop'} is unlikely to be noise"
     else:
-        verdict = (
-            f"The 95% interval of the difference includes zero: on these {n} problems the change cannot be told "
-            "apart from noise"
-        )
+        verdict = f"includes zero: on these {n} problems the change cannot be told apart from noise"
     moved = f"{gain['wrong_to_right']} went wrong → right, {gain['right_to_wrong']} right → wrong"
-    return f"{verdict} ({moved}; interval: {gain.get('method') or METHOD})."
+    return f"The 95% interval of the difference {verdict} ({moved}; interval: {gain.get('method') or METHOD})."
 
 
 def eval_table(results: dict, gain: dict | None = None) -> str:

@@ -124,18 +124,13 @@ class TaskEvaluator:
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             with open(self.output_dir / EVAL_RECORDS.format(label=label), "w") as f:
-                for record in records:
-                    f.write(json.dumps(record) + "\n")
+                f.writelines(json.dumps(record) + "\n" for record in records)
             logger.info(
                 "held-out accuracy (%s): %.3f (%d correct, %d wrong, %d unparseable, %d grading timeouts, "
                 "%d grading errors of %d)",
                 label,
                 summary["accuracy"],
-                counts["correct"],
-                counts["wrong"],
-                counts["unparseable"],
-                counts["timeout"],
-                counts["error"],
+                *counts.values(),  # in EVAL_GRADES order: correct, wrong, unparseable, timeout, error
                 n,
             )
         return summary
