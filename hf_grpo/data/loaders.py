@@ -71,8 +71,7 @@ class DataArguments(ScriptArguments):
     Args:
         dataset_name (`str`, defaults to `"arithmetic"`):
             Preset name (`arithmetic`, `gsm8k`, `math`, `math500`, `openmathinstruct2`; `arithmetic_transfer` as
-            `eval_dataset_name`), a hub id, or a local
-            `.jsonl` / `.json` / `.parquet` / `.csv` file.
+            `eval_dataset_name`), a hub id, or a local `.jsonl` / `.json` / `.parquet` / `.csv` file.
         task (`str`, *optional*):
             Grader for the gold answers: `gsm8k` (number after `####`) or `math` (last `\\boxed{}`, math-verify).
             Defaults to the preset's.
@@ -174,9 +173,7 @@ def eval_grader(args: DataArguments) -> str:
 
     The same grader as the recipe's correctness reward, so held-out accuracy measures what training optimizes.
     """
-    if args.prompt_style == "r1_zero":
-        return "r1_zero"
-    return (args.resolved(args.eval_dataset_name) if args.eval_dataset_name else args.resolved())["task"]
+    return "r1_zero" if args.prompt_style == "r1_zero" else args.resolved(args.eval_dataset_name or None)["task"]
 
 
 def is_local_file(name: str) -> bool:
@@ -228,9 +225,8 @@ def _valid_without_rows(raw: Dataset, column: str) -> bool:
     if _is_text(feature):
         return values.null_count == 0
     message = feature.feature if isinstance(feature, (List, LargeList)) else None
-    if not (isinstance(message, dict) and _is_text(message.get("role")) and isinstance(message.get("content"), Value)):
-        return False
-    if values.null_count:
+    chat = isinstance(message, dict) and _is_text(message.get("role")) and isinstance(message.get("content"), Value)
+    if not chat or values.null_count:
         return False
     messages = pc.list_flatten(values)  # a JSON file's rows share one struct: a missing key is a null
     if messages.null_count or any(pc.struct_field(messages, key).null_count for key in ("role", "content")):
@@ -243,32 +239,40 @@ def check_prompts(raw: Dataset, column: str, where: str, name: str) -> None:
     chat messages (TRL's formats); anything else would be stringified into the prompt."""
     if _valid_without_rows(raw, column):
         return
+    for row, value in _column_values(raw, column):
+        if not isinstance(value, str) and not is_conversation(value):
+            raise ValueError(
+                f"{where} data {name!r}: prompt_column {column!r}, row {row}: the prompt is a "
+                f"{_describe(value)}; a prompt must be a string or a list of chat messages "
+                "({'role': ..., 'content': ...}): set prompt_column to such a column or convert the data"
+            )
+
+
+def _column_values(raw: Dataset, column: str):
+    """``(row, value)`` of every row of one column, read in batches."""
     rows = raw.select_columns([column]).iter(batch_size=10_000)
     for start, batch in zip(range(0, len(raw), 10_000), rows, strict=False):
-        for offset, value in enumerate(batch[column]):
-            if not isinstance(value, str) and not is_conversation(value):
-                raise ValueError(
-                    f"{where} data {name!r}: prompt_column {column!r}, row {start + offset}: the prompt is a "
-                    f"{_describe(value)}; a prompt must be a string or a list of chat messages "
-                    "({'role': ..., 'content': ...}): set prompt_column to such a column or convert the data"
-                )
+        yield from enumerate(batch[column], start)
 
 
-def _drop_blank_prompts(raw: Dataset, column: str, where: str, name: str) -> Dataset:
-    """``raw`` without the rows whose prompt has no text (an empty or whitespace-only string, or chat messages whose
-    contents all are), said in a warning with their count; ``ValueError`` when no prompt is left."""
+def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
+    """``raw`` with its prompts checked (``check_prompts``) and without the rows whose prompt has no text (an empty or
+    whitespace-only string, or chat messages whose contents all are), said in a warning with their count;
+    ``ValueError`` when no prompt is left. Rows are named by their place in ``raw``: called on a file as read, before
+    any split or shuffle, a row number is the file's. ``spec``'s columns are resolved (``_with_columns``)."""
+    column, name = spec["prompt_column"], spec["name"]
+    check_prompts(raw, column, where, name)
     blank = []
-    rows = raw.select_columns([column]).iter(batch_size=10_000)
-    for start, batch in zip(range(0, len(raw), 10_000), rows, strict=False):
-        for offset, value in enumerate(batch[column]):
-            text = value if isinstance(value, str) else "".join(str(m.get("content") or "") for m in value)
-            if not text.strip():
-                blank.append(start + offset)
+    for row, value in _column_values(raw, column):
+        text = value if isinstance(value, str) else "".join(str(m.get("content") or "") for m in value)
+        if not text.strip():
+            blank.append(row)
     if not blank:
         return raw
     if len(blank) == len(raw):
         raise ValueError(
-            f"{where} data {name!r}: prompt_column {column!r} is empty in every row; set it to the column of the questions"
+            f"{where} data {name!r}: prompt_column {column!r} is empty in every row; set it to the column of the "
+            "questions"
         )
     logger.warning(
         "%s data %r: dropped %d of %d rows whose prompt (column %r) is empty or only whitespace (first: row %d)",
@@ -285,11 +289,6 @@ def _drop_blank_prompts(raw: Dataset, column: str, where: str, name: str) -> Dat
 def embedded_splits(name: str) -> list[str]:
     """The splits of an embedded dataset: ``arithmetic_transfer`` is a held-out set only."""
     return ["test"] if name == "arithmetic_transfer" else ["train", "test"]
-
-
-def local_builder(path: str) -> str:
-    """The ``datasets`` builder for a local data file (``json``, ``parquet``, ``csv``)."""
-    return LOCAL_BUILDERS[os.path.splitext(path)[1].lower()]
 
 
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
@@ -337,7 +336,7 @@ def _load_file(path: str) -> Dataset:
     naming the file, the first byte that is not and the fix, rather than datasets' ``DatasetGenerationError``."""
     try:
         with _cache_must_be_writable():
-            return load_dataset(local_builder(path), data_files=path, split="train")
+            return load_dataset(LOCAL_BUILDERS[os.path.splitext(path)[1].lower()], data_files=path, split="train")
     except DatasetGenerationError as exc:
         bad = exc.__cause__
         if not isinstance(bad, UnicodeDecodeError):
@@ -370,14 +369,6 @@ def source_splits(args: DataArguments) -> dict[str, tuple[dict, str]]:
     return sources
 
 
-def _raw_splits(args: DataArguments, seed: int) -> tuple[Dataset, Dataset | None]:
-    loaded = {
-        role: _load_raw(spec["name"], spec["config"], split, args, seed)
-        for role, (spec, split) in source_splits(args).items()
-    }
-    return loaded["train"], loaded.get("eval")
-
-
 TRL_COLUMNS = {"prompt_column": "prompt", "solution_column": "solution"}  # what a TRL-format dataset calls them
 GOLD_SAMPLE = 200  # gold answers checked against the task's format (check_gold_format)
 
@@ -397,14 +388,6 @@ def _with_columns(raw: Dataset, spec: dict, where: str) -> dict:
                 f"set {key} to one of them"
             )
     return spec
-
-
-def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
-    """``raw`` with its prompts checked (``check_prompts``) and blank ones dropped, rows named by their place in
-    ``raw``: called on a file as read, before any split or shuffle, a row number is the file's. ``spec``'s columns
-    are resolved (``_with_columns``)."""
-    check_prompts(raw, spec["prompt_column"], where, spec["name"])
-    return _drop_blank_prompts(raw, spec["prompt_column"], where, spec["name"])
 
 
 def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Dataset:
@@ -454,14 +437,15 @@ def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dat
     task = args.resolved()["task"]
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}; set task in the recipe")
-    train, test = _raw_splits(args, seed)
+    sources = source_splits(args)
+    raw = {role: _load_raw(spec["name"], spec["config"], split, args, seed) for role, (spec, split) in sources.items()}
+    train, test = raw["train"], raw.get("eval")
     if test is None and args.eval_split_size > 0:  # rows named by the file's order, not the shuffled split's
         train = _checked_prompts(train, _with_columns(train, args.resolved(), "train"), "train")
         parts = train.train_test_split(test_size=args.eval_split_size, seed=seed)
         train, test = parts["train"], parts["test"]
     train = _to_grpo(train, args, args.resolved(), "train")
-    eval_spec = args.resolved(args.eval_dataset_name) if args.eval_dataset_name else args.resolved()
-    test = _to_grpo(test, args, eval_spec, "eval") if test is not None else None
+    test = _to_grpo(test, args, args.resolved(args.eval_dataset_name or None), "eval") if test is not None else None
     if args.max_train_samples is not None and len(train) > args.max_train_samples:
         train = train.shuffle(seed=seed).select(range(args.max_train_samples))
     if test is not None and args.max_eval_samples is not None and len(test) > args.max_eval_samples:

@@ -36,11 +36,11 @@ class RewardArguments:
     Args:
         reward_funcs (`list[str]`, defaults to `["gsm8k_correctness"]`):
             Built-in reward names (`REWARD_FUNCS`), TRL's reward names as `trl grpo` accepts them (`accuracy_reward`,
-            `think_format_reward`, `get_soft_overlong_punishment`, ...; a built-in name wins over a TRL one spelled
-            the same), or your own as `module.path:function` or `module.path.function` (`trl.rewards.accuracy_reward`
-            works too). A reward is called like TRL calls reward functions: `fn(prompts=..., completions=...,
-            completion_ids=..., **dataset_columns)`, returning one number (or bool) or None per completion, as a list or
-            a 1-D numpy array or tensor (what TRL accepts); another return (a string, a dict, a 2-D array, the wrong
+            `think_format_reward`, `get_soft_overlong_punishment`, ...; a built-in name wins over a TRL one spelled the
+            same), or your own as `module.path:function` or `module.path.function` (`trl.rewards.accuracy_reward` works
+            too). A reward is called like TRL calls reward functions: `fn(prompts=..., completions=...,
+            completion_ids=..., **dataset_columns)`, returning one number (or bool) or None per completion, as a list
+            or a 1-D numpy array or tensor (what TRL accepts); another return (a string, a dict, a 2-D array, the wrong
             length) gives no reward for the call, is counted in `rewards/<name>/errors` and named in one warning.
         reward_kwargs (`dict`, *optional*):
             Keyword arguments per reward name, e.g. `{soft_overlong: {max_completion_len: 512, cache: 128}}`.
@@ -113,12 +113,11 @@ def trl_reward_names() -> tuple[str, ...]:
     """The reward names TRL exports in the installed version (``trl.rewards``): its reward functions, and those of
     its factories that ``TRL_FACTORY_REWARDS`` stands in for."""
     module = importlib.import_module(TRL_REWARDS_MODULE)
-    names = []
-    for name in module.__all__:
-        fn = getattr(module, name)
-        if inspect.isfunction(fn) and (name in TRL_FACTORY_REWARDS or not name.startswith("get_")):
-            names.append(name)
-    return tuple(names)
+    return tuple(
+        name
+        for name in module.__all__
+        if inspect.isfunction(getattr(module, name)) and (name in TRL_FACTORY_REWARDS or not name.startswith("get_"))
+    )
 
 
 # open-r1's reward registry names (src/open_r1/rewards.py) and what takes their place here. Not aliases: the
@@ -185,17 +184,14 @@ def _import_reward(name: str, module_name: str, attr: str) -> Callable:
         raise RewardLoadError(f"reward_funcs: cannot import module {module_name!r} for {name!r}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        callables = [key for key in dir(module) if not key.startswith("_") and _is_function(getattr(module, key))]
+        functions = inspect.getmembers(module, lambda v: callable(v) and not inspect.isclass(v))
+        callables = [key for key, _ in functions if not key.startswith("_")]
         close = _close_matches(attr, callables)
         raise RewardLoadError(
             f"reward_funcs: module {module_name!r} has no callable {attr!r} (from {name!r})"
             f"{f'; did you mean {close}?' if close else ''}"
         )
     return _trl_reward(fn)
-
-
-def _is_function(obj: Any) -> bool:
-    return callable(obj) and not inspect.isclass(obj)
 
 
 def _trl_reward(fn: Callable) -> Callable:
@@ -236,39 +232,22 @@ def load_reward_funcs(args: RewardArguments) -> list[Callable]:
     naming it, raised here rather than in the middle of training.
     """
     kwargs = args.reward_kwargs or {}
-    unknown = set(kwargs) - set(args.reward_funcs)
-    if unknown:
+    if unknown := set(kwargs) - set(args.reward_funcs):
         raise RewardLoadError(f"reward_kwargs: {sorted(unknown)} are not in reward_funcs {args.reward_funcs}")
-    resolved = []
-    for name in args.reward_funcs:
-        fn = resolve_reward(name)
-        resolved.append((name, fn, functools.partial(fn, **kwargs[name]) if name in kwargs else fn))
-    if not args.reward_isolation:
-        return [_in_process(name, fn, bound, args.reward_max_failed_calls) for name, fn, bound in resolved]
-
-    to_isolate = [(name, fn, bound) for name, fn, bound in resolved if not is_async(fn)]
-    pool = (
-        RewardPool(args.reward_workers, preload=reward_modules([fn for _, fn, _ in to_isolate]))
-        if to_isolate
-        else None
-    )
-    funcs = []
+    resolved = [(name, resolve_reward(name)) for name in args.reward_funcs]
+    to_isolate = [fn for _, fn in resolved if args.reward_isolation and not is_async(fn)]
+    pool = RewardPool(args.reward_workers, preload=reward_modules(to_isolate)) if to_isolate else None
+    max_failed, funcs = args.reward_max_failed_calls, []
     try:
-        for name, fn, bound in resolved:
-            if is_async(fn):
+        for name, fn in resolved:
+            bound = functools.partial(fn, **kwargs[name]) if name in kwargs else fn
+            if args.reward_isolation and is_async(fn):
                 logger.info("reward %r is async: it runs in the training process, as TRL runs it (not isolated)", name)
-                funcs.append(_in_process(name, fn, bound, args.reward_max_failed_calls))
+            if pool is None or is_async(fn):
+                funcs.append(_in_process(name, fn, bound, max_failed))
                 continue
             try:
-                funcs.append(
-                    isolate(
-                        bound,
-                        pool,
-                        name=reward_name(name),
-                        timeout=args.reward_timeout,
-                        max_failed_calls=args.reward_max_failed_calls,
-                    )
-                )
+                funcs.append(isolate(bound, pool, reward_name(name), args.reward_timeout, max_failed))
             except RewardIsolationError as exc:
                 raise RewardLoadError(f"reward_funcs: {exc}") from exc
     except BaseException:

@@ -180,11 +180,7 @@ def hash_final_format(completions, **kwargs) -> list[float]:
     >>> hash_final_format(["7 + 1 = 8\\n#### 8", "#### 8\\n#### 9", "#### 8 and more"])
     [1.0, 0.0, 0.0]
     """
-    out = []
-    for text in _texts(completions):
-        start = text.find("####")
-        out.append(1.0 if start != -1 and _FINAL_HASH_RE.fullmatch(text, start) else 0.0)
-    return out
+    return [1.0 if "####" in t and _FINAL_HASH_RE.fullmatch(t, t.find("####")) else 0.0 for t in _texts(completions)]
 
 
 def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
@@ -224,7 +220,7 @@ def trl_soft_overlong_punishment(
     >>> trl_soft_overlong_punishment([[0] * 8, [0] * 14], max_completion_len=16, soft_punish_cache=8)
     [0.0, -0.75]
     """
-    from trl.rewards import get_soft_overlong_punishment
+    from trl.rewards import get_soft_overlong_punishment  # lazy: importing trl costs seconds of start-up
 
     return get_soft_overlong_punishment(max_completion_len, soft_punish_cache)(completion_ids)
 
@@ -235,7 +231,7 @@ def trl_repetition_penalty(completion_ids, ngram_size: int = 3, max_penalty: flo
     >>> trl_repetition_penalty([[1, 2, 3, 4], [5, 5, 5, 5, 5]], ngram_size=2)
     [0.0, -0.75]
     """
-    from trl.rewards import get_repetition_penalty_reward
+    from trl.rewards import get_repetition_penalty_reward  # lazy: importing trl costs seconds of start-up
 
     return get_repetition_penalty_reward(ngram_size, max_penalty)(completion_ids)
 
@@ -256,7 +252,7 @@ def trl_cosine_scaled_reward(
 
     Like TRL's ``accuracy_reward``, which it calls, it reads conversational completions only.
     """
-    from trl.rewards import get_cosine_scaled_reward
+    from trl.rewards import get_cosine_scaled_reward  # lazy: importing trl costs seconds of start-up
 
     reward = get_cosine_scaled_reward(max_len, min_value_wrong, max_value_wrong, min_value_correct, max_value_correct)
     return reward(completions, solution, completion_ids)

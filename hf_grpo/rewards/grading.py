@@ -47,14 +47,20 @@ def last_boxed(text: str) -> str | None:
     if not starts:
         return None
     i = starts[-1].end() - 1  # the opening brace
+    end = _closing_brace(text, i)
+    return None if end is None else text[i + 1 : end].strip()
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """The index of the brace that closes the ``{`` at ``start``; None when it is never closed."""
     depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
+    for i in range(start, len(text)):
+        if text[i] == "{":
             depth += 1
-        elif text[j] == "}":
+        elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j].strip()
+                return i
     return None
 
 
@@ -109,8 +115,7 @@ def extract_gsm8k(completion: str) -> Fraction | None:
         numbers[-1].group(0) if numbers else None,
     )
     for place in places:
-        predicted = to_number(place) if place is not None else None
-        if predicted is not None:
+        if place is not None and (predicted := to_number(place)) is not None:
             return predicted
     return None
 
@@ -236,12 +241,8 @@ def _group(text: str, start: int) -> tuple[str, int]:
     """The exponent at ``start`` (just after ``^``): a balanced ``{...}`` group's content, or one character."""
     if start >= len(text) or text[start] != "{":
         return text[start : start + 1], start + 1
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[start + 1 : i], i + 1
-    return text[start + 1 :], len(text)
+    end = _closing_brace(text, start)
+    return (text[start + 1 :], len(text)) if end is None else (text[start + 1 : end], end + 1)
 
 
 def power_digits(text: str) -> float:
@@ -260,7 +261,7 @@ def power_digits(text: str) -> float:
 
 
 def _grade_math(completion: str, gold: str) -> str:
-    from latex2sympy2_extended import NormalizationConfig
+    from latex2sympy2_extended import NormalizationConfig  # lazy: SymPy costs seconds of start-up (GSM8K needs none)
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     for name in ("math_verify.parser", "math_verify.grader"):  # "timeout disabled" warnings are expected here

@@ -158,10 +158,10 @@ class IsolatedReward:
 
     Each completion is scored on its own in a worker with the keyword arguments TRL passes, cut to that completion:
     ``prompts=[p]``, ``completions=[c]``, ``completion_ids=[ids]``, ``{column: [value]}`` for every dataset column,
-    ``trainer_state`` (``state_snapshot``: its attributes without ``log_history``), and ``log_metric`` / ``log_extra`` proxies. What the reward
-    logs comes back with its result and reaches the trainer: per call, each metric's values averaged over the
-    completions (one ``log_metric`` call, as a batch-level reward makes), each extra column with one value per
-    completion (None for a completion that failed). ``environments`` stays in the training process.
+    ``trainer_state`` (``state_snapshot``: its attributes without ``log_history``), and ``log_metric`` / ``log_extra``
+    proxies. What the reward logs comes back with its result and reaches the trainer: per call, each metric's values
+    averaged over the completions (one ``log_metric`` call, as a batch-level reward makes), each extra column with one
+    value per completion (None for a completion that failed). ``environments`` stays in the training process.
 
     A timeout or an exception gives ``None``. Per call, ``rewards/<name>/timeouts`` and ``rewards/<name>/errors`` go
     to TRL's ``log_metric``; cumulative counts are in ``pool.counters[name]``. Each distinct error is logged once as a
@@ -187,8 +187,7 @@ class IsolatedReward:
         self.pool = pool
         self.timeout = float(timeout)
         self.max_failed_calls = max_failed_calls
-        self.__name__ = name
-        self.__qualname__ = name
+        self.__name__ = self.__qualname__ = name
         self.__doc__ = getattr(_unwrap(fn), "__doc__", None)
         self._reported: set[str] = set()
         self._warned_timeout = False
@@ -204,41 +203,32 @@ class IsolatedReward:
         n = len(completions)
         per_item = {k: v for k, v in columns.items() if isinstance(v, (list, tuple)) and len(v) == n}
         shared = {k: v for k, v in columns.items() if k not in per_item}  # passed whole to every call
-        items = []
-        for i in range(n):
-            item = {"completions": [completions[i]], **shared, **{k: [v[i]] for k, v in per_item.items()}}
-            if prompts is not None:
-                item["prompts"] = [prompts[i]]
-            if completion_ids is not None:
-                item["completion_ids"] = [completion_ids[i]]
-            items.append(item)
-        context = {}
-        if kwargs.get("trainer_state") is not None:
-            context["trainer_state"] = state_snapshot(kwargs["trainer_state"])
+        per_item |= {k: v for k, v in (("prompts", prompts), ("completion_ids", completion_ids)) if v is not None}
+        items = [
+            {"completions": [c], **shared, **{k: [v[i]] for k, v in per_item.items()}}
+            for i, c in enumerate(completions)
+        ]
+        state = kwargs.get("trainer_state")
+        context = {} if state is None else {"trainer_state": state_snapshot(state)}
         results = self.pool.map(functools.partial(_score_one, self.fn, context), items, self.timeout)
         self._account(results, completions, kwargs.get("log_metric"), sample=items[0] if items else None)
         self._replay([r.value if r.ok else None for r in results], kwargs.get("log_metric"), kwargs.get("log_extra"))
         rewards = [r.value[0] if r.ok else None for r in results]
-        nan = [i for i, value in enumerate(rewards) if value is not None and math.isnan(value)]
-        self.last_nan = len(nan)  # the trainer counts them in rewards/<name>/nonfinite (after TRL, NaN is None)
-        for i in nan:
-            rewards[i] = None
-        return rewards
+        # NaN rewards: the trainer counts them in rewards/<name>/nonfinite (after TRL, NaN is None)
+        self.last_nan = sum(value is not None and math.isnan(value) for value in rewards)
+        return [None if value is not None and math.isnan(value) else value for value in rewards]
 
     @staticmethod
     def _replay(outputs: list, log_metric, log_extra) -> None:
         """Pass what the reward logged in the workers to the trainer's ``log_metric`` / ``log_extra``."""
         done = [out for out in outputs if out is not None]
         if log_metric is not None:
-            names = dict.fromkeys(name for _, metrics, _ in done for name in metrics)
-            for name in names:
+            for name in dict.fromkeys(name for _, metrics, _ in done for name in metrics):
                 values = [v for _, metrics, _ in done for v in metrics.get(name, ())]
                 log_metric(name, sum(values) / len(values))
         if log_extra is not None:
             for column in dict.fromkeys(column for _, _, extras in done for column in extras):
-                values = []
-                for out in outputs:
-                    values.extend(out[2].get(column, [None]) if out is not None else [None])
+                values = [v for out in outputs for v in (out[2].get(column, [None]) if out is not None else [None])]
                 log_extra(column, values)
 
     def _account(self, results: list[Result], completions, log_metric, sample: dict | None = None) -> None:
@@ -283,7 +273,8 @@ class IsolatedReward:
             return
         self._reported.add(key)
         more = (
-            f"; this is the last of {_MAX_REPORTED_ERRORS} distinct errors logged for this reward, more are only counted"
+            f"; this is the last of {_MAX_REPORTED_ERRORS} distinct errors logged for this reward, more are only "
+            "counted"
             if len(self._reported) == _MAX_REPORTED_ERRORS
             else ""
         )
@@ -319,8 +310,7 @@ class IsolatedCorrectness(IsolatedReward):
             for r in results
         ]
         self._account(checked, completions, log_metric, sample=items[0] if items else None)
-        grades = [r.value for r in checked if r.ok]
-        log_grades(grades, log_metric)
+        log_grades([r.value for r in checked if r.ok], log_metric)
         return [(1.0 if r.value == "correct" else 0.0) if r.ok else None for r in checked]
 
 
@@ -421,12 +411,7 @@ def isolate(
 def reward_modules(fns: Sequence[Callable]) -> list[str]:
     """The modules defining ``fns`` (partials unwrapped), for ``RewardPool(preload=...)``; ``"__main__"`` makes the
     fork server import the main module too."""
-    modules = []
-    for fn in fns:
-        module = getattr(_unwrap(fn), "__module__", None)
-        if module and module not in modules:
-            modules.append(module)
-    return modules
+    return list(dict.fromkeys(module for fn in fns if (module := getattr(_unwrap(fn), "__module__", None))))
 
 
 __all__ = [
