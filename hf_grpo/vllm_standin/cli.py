@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..generation.layout import LORA_RANKS  # vLLM's MaxLoRARanks
-from .engine import UNSUPPORTED_LOGPROBS_MODES
+from .engine import UNSUPPORTED_LOGPROBS_MODES, env_flag
 from .server import ServerApp, StandInHTTPServer, check_host
 
 
@@ -90,14 +90,8 @@ def build_parser(prog: str = "python -m hf_grpo.vllm_standin") -> argparse.Argum
 
 
 def _dashes(argv: list[str]) -> list[str]:
-    """vLLM's parser accepts ``--flag_name`` for ``--flag-name``."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--"):
-            flag, eq, value = arg.partition("=")
-            arg = flag.replace("_", "-") + eq + value
-        out.append(arg)
-    return out
+    """vLLM's parser accepts ``--flag_name`` for ``--flag-name`` (and ``--flag_name=value``)."""
+    return [re.sub(r"^--[^=]*", lambda flag: flag[0].replace("_", "-"), arg) for arg in argv]
 
 
 def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -140,8 +134,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m hf_grpo.vll
         parser.error(
             f"VLLM_SERVER_DEV_MODE={os.environ['VLLM_SERVER_DEV_MODE']!r}: vLLM reads it as an integer (0 or 1)"
         )
-    runtime_lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
-    args.allow_runtime_lora_updating = runtime_lora in ("1", "true")
+    args.allow_runtime_lora_updating = env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
     return args
 
 
@@ -152,25 +145,6 @@ def no_effect_flags(args: argparse.Namespace) -> list[str]:
         for flag, why in NO_EFFECT
         if getattr(args, flag) is not None
     ]
-
-
-def app_from_args(args: argparse.Namespace, app_class: type[ServerApp] = ServerApp) -> ServerApp:
-    """The server's model and state, as the parsed command line asks."""
-    return app_class(
-        args.model,
-        served_model_name=args.served_model_name,
-        enable_lora=args.enable_lora,
-        max_lora_rank=args.max_lora_rank,
-        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
-        logprobs_mode=args.logprobs_mode,
-        max_logprobs=args.max_logprobs,
-        max_completion_prompts=int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024")),
-        max_model_len=args.max_model_len,
-        seed=0 if args.seed is None else args.seed,
-        dev_mode=args.dev_mode,
-        weight_transfer_config=args.weight_transfer_config,
-        numerics=args.numerics,
-    )
 
 
 def main(argv: list[str] | None = None, app_class: type[ServerApp] = ServerApp, prog: str | None = None) -> None:
@@ -186,7 +160,21 @@ def main(argv: list[str] | None = None, app_class: type[ServerApp] = ServerApp, 
     if args.dev_mode:
         logger.warning("Development endpoints are enabled (VLLM_SERVER_DEV_MODE): weight transfer, server_info.")
     try:
-        app = app_from_args(args, app_class)
+        app = app_class(
+            args.model,
+            served_model_name=args.served_model_name,
+            enable_lora=args.enable_lora,
+            max_lora_rank=args.max_lora_rank,
+            allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+            logprobs_mode=args.logprobs_mode,
+            max_logprobs=args.max_logprobs,
+            max_completion_prompts=int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024")),
+            max_model_len=args.max_model_len,
+            seed=0 if args.seed is None else args.seed,
+            dev_mode=args.dev_mode,
+            weight_transfer_config=args.weight_transfer_config,
+            numerics=args.numerics,
+        )
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"vLLM stand-in: cannot load {args.model}: {exc}\n")
         raise SystemExit(1) from exc

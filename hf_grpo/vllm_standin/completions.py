@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -35,19 +36,11 @@ NOT_IMPLEMENTED_FIELDS = (
     "allowed_token_ids",
     "bad_words",
 )
-SAMPLING_FIELDS = {  # field: (default, type), as vLLM's CompletionRequest declares them
-    "n": (1, int),
-    "max_tokens": (16, int),
-    "temperature": (1.0, float),
-    "top_p": (1.0, float),
-    "top_k": (0, int),
-    "min_p": (0.0, float),
-    "repetition_penalty": (1.0, float),
-    "presence_penalty": (0.0, float),
-    "frequency_penalty": (0.0, float),
-    "min_tokens": (0, int),
-    "seed": (None, int),
-    "logprobs": (None, int),
+# field: (default, type) as vLLM's CompletionRequest declares them, which SamplingSpec's defaults are; checked in order
+SAMPLING_FIELDS = {
+    f.name: (f.default, float if isinstance(f.default, float) else int)
+    for f in fields(SamplingSpec)
+    if f.name not in ("stop_token_ids", "ignore_eos")
 }
 
 

@@ -17,7 +17,7 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +44,10 @@ class SamplingSpec:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     min_tokens: int = 0
+    seed: int | None = None
     logprobs: int | None = None  # None: none; 0: the sampled token; k: and the top k; -1: the whole vocabulary
 
     @property
@@ -79,18 +79,19 @@ def combined_digest(digests: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
 
 
-def resolve_max_model_len(config, requested: int | None) -> int:
+def env_flag(name: str) -> bool:
+    """A boolean environment variable as vLLM reads it: "1" or "true" (any case) is on."""
+    return os.environ.get(name, "0").strip().lower() in ("1", "true")
+
+
+def resolve_max_model_len(text_config, requested: int | None) -> int:
     """vLLM's rule: default to the model's context length; a larger request is an error unless explicitly allowed."""
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     derived = getattr(text_config, "max_position_embeddings", None) or 2048
     if requested is None:
         return int(derived)
     if requested < 1:
         raise ValueError(f"max_model_len must be at least 1, got {requested}.")
-    if requested > derived and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() not in (
-        "1",
-        "true",
-    ):
+    if requested > derived and not env_flag("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
         raise ValueError(
             f"User-specified max_model_len ({requested}) is greater than the derived max_model_len "
             f"(max_position_embeddings={derived} in model's config.json). To allow overriding this maximum, set the "
@@ -159,78 +160,67 @@ class SamplingEngine:
         self.eos_ids = frozenset(eos)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.vocab_size = int(text_config.vocab_size)
-        self.max_model_len = resolve_max_model_len(config, max_model_len)
-        self.logprobs_mode = logprobs_mode
-        self.seed = seed
+        self.max_model_len = resolve_max_model_len(text_config, max_model_len)
+        self.logprobs_mode, self.seed = logprobs_mode, seed
         self.generator = torch.Generator().manual_seed(0 if seed is None else int(seed) % 2**63)
         self.lock = threading.RLock()
 
-    # ------------------------------------------------------------------------------------------------------------
     # Weights
-
-    def _params(self, model: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], dict[str, str]]:
-        """(canonical name -> parameter, alias name -> canonical name) for tied parameters."""
-        canonical = dict(model.named_parameters())
-        by_id = {id(p): name for name, p in canonical.items()}
-        aliases = {
-            name: by_id[id(p)]
-            for name, p in model.named_parameters(remove_duplicate=False)
-            if name not in canonical and id(p) in by_id
-        }
-        return canonical, aliases
 
     def parameter_names(self, model: torch.nn.Module | None = None) -> list[str]:
         """The names ``load_weights`` loads (tied aliases excluded), in module order."""
-        return list(self._params(model or self.model)[0])
+        return [name for name, _ in (model or self.model).named_parameters()]
 
-    def _target(self, name: str, params: dict, aliases: dict, model: torch.nn.Module) -> torch.nn.Parameter | None:
-        if name in params:
-            return params[name]
-        if name in aliases or name.endswith(SKIPPED_SUFFIXES):
-            return None  # vLLM loads a tied pair once (the first name by module traversal) and drops rotary buffers
-        raise ValueError(
-            f"There is no module or parameter named {name!r} in {type(model).__name__} "
-            f"(hf_grpo's CPU stand-in loads checkpoint names, e.g. {next(iter(params), '')!r})"
-        )
-
-    def check_weights(self, names: list[str], shapes: list[list[int]], model: torch.nn.Module | None = None) -> None:
-        """Raise as ``load_weights`` would for these names and shapes, without any data."""
+    def _targets(self, model: torch.nn.Module | None) -> Callable[[str, Sequence[int]], torch.nn.Parameter | None]:
+        """``target(name, shape)``: the parameter a weight of that name loads into (None: skipped), or vLLM's error."""
         model = model or self.model
-        params, aliases = self._params(model)
-        for name, shape in zip(names, shapes, strict=True):
-            param = self._target(name, params, aliases, model)
-            if param is not None and tuple(param.shape) != tuple(shape):
+        params = dict(model.named_parameters())  # canonical names; a tied parameter's other names are aliases
+        aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(params)
+
+        def target(name: str, shape: Sequence[int]) -> torch.nn.Parameter | None:
+            # vLLM loads a tied pair once (the first name by module traversal) and drops rotary buffers
+            param = params.get(name)
+            if param is None and (name in aliases or name.endswith(SKIPPED_SUFFIXES)):
+                return None
+            if param is None:
+                raise ValueError(
+                    f"There is no module or parameter named {name!r} in {type(model).__name__} "
+                    f"(hf_grpo's CPU stand-in loads checkpoint names, e.g. {next(iter(params), '')!r})"
+                )
+            if tuple(param.shape) != tuple(shape):
                 raise AssertionError(
                     f"Attempted to load weight ({torch.Size(shape)}) into parameter ({param.shape}) for {name!r}"
                 )
+            return param
+
+        return target
+
+    def check_weights(self, names: list[str], shapes: list[list[int]], model: torch.nn.Module | None = None) -> None:
+        """Raise as ``load_weights`` would for these names and shapes, without any data."""
+        target = self._targets(model)
+        for name, shape in zip(names, shapes, strict=True):
+            target(name, shape)
 
     @torch.no_grad()
     def load_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], model: torch.nn.Module | None = None
     ) -> set[str]:
         """Copy each ``(name, tensor)`` into the parameter of that name; returns the canonical names loaded."""
-        model = model or self.model
-        params, aliases = self._params(model)
+        target = self._targets(model)
         loaded: set[str] = set()
         with self.lock:
             for name, tensor in weights:
-                param = self._target(name, params, aliases, model)
-                if param is None:
-                    continue
-                if tuple(param.shape) != tuple(tensor.shape):
-                    raise AssertionError(
-                        f"Attempted to load weight ({tensor.shape}) into parameter ({param.shape}) for {name!r}"
-                    )
-                param.data.copy_(tensor.detach().to(device=param.device))
-                loaded.add(name)
+                param = target(name, tensor.shape)
+                if param is not None:
+                    param.data.copy_(tensor.detach().to(device=param.device))
+                    loaded.add(name)
         return loaded
 
     def weight_digests(self, model: torch.nn.Module | None = None) -> dict[str, str]:
         """``tensor_digest`` of every parameter (canonical names)."""
         with self.lock:
-            return {name: tensor_digest(p) for name, p in self._params(model or self.model)[0].items()}
+            return {name: tensor_digest(p) for name, p in (model or self.model).named_parameters()}
 
-    # ------------------------------------------------------------------------------------------------------------
     # Sampling
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -298,49 +288,39 @@ class SamplingEngine:
             generators = self.generators(spec)
             out = model(input_ids=torch.tensor([prompt] * n), use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1, :].float()
-            seqs: list[list[int]] = [[] for _ in range(n)]
-            lps: list[list[float]] = [[] for _ in range(n)]
-            tops: list[list[list[tuple[int, float, int]]]] = [[] for _ in range(n)]
-            finish: list[tuple[str, int | None] | None] = [None] * n
+            # finish_reason stays "length" until a stop token or EOS ends the sample
+            samples = [Sample([], [], [] if spec.logprobs is not None else None, "length", None) for _ in range(n)]
             for step in range(steps):
-                processed = self._process(logits, prompt, seqs, spec)
+                processed = self._process(logits, prompt, [sample.token_ids for sample in samples], spec)
                 processed_lp = processed.log_softmax(-1)
                 reported = logits.log_softmax(-1) if self.logprobs_mode == "raw_logprobs" else processed_lp
-                feed = []
-                for i in range(n):
-                    if finish[i] is not None:
-                        feed.append(seqs[i][-1])
+                for i, sample in enumerate(samples):
+                    if sample.finish_reason == "stop":
                         continue
                     if spec.greedy:
                         token = int(processed[i].argmax())
                     else:
                         token = int(torch.multinomial(processed_lp[i].exp(), 1, generator=generators[i]))
-                    seqs[i].append(token)
-                    value = float(reported[i, token])
-                    lps[i].append(value)
-                    if spec.logprobs is not None:
-                        tops[i].append(self._top(reported[i], token, value, spec.logprobs))
-                    if token in spec.stop_token_ids:
-                        finish[i] = ("stop", token)
-                    elif token in eos:
-                        finish[i] = ("stop", None)
-                    feed.append(token)
-                if all(f is not None for f in finish) or step + 1 == steps:
+                    sample.token_ids.append(token)
+                    sample.logprobs.append(float(reported[i, token]))
+                    if sample.top_logprobs is not None:
+                        sample.top_logprobs.append(self._top(reported[i], token, sample.logprobs[-1], spec.logprobs))
+                    if token in spec.stop_token_ids or token in eos:
+                        sample.finish_reason = "stop"
+                        sample.stop_reason = token if token in spec.stop_token_ids else None
+                if all(sample.finish_reason == "stop" for sample in samples) or step + 1 == steps:
                     break
-                out = model(input_ids=torch.tensor(feed).unsqueeze(1), past_key_values=past, use_cache=True)
+                feed = torch.tensor([[sample.token_ids[-1]] for sample in samples])  # a finished one repeats its last
+                out = model(input_ids=feed, past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[:, -1, :].float()
-        return [
-            Sample(seqs[i], lps[i], tops[i] if spec.logprobs is not None else None, *(finish[i] or ("length", None)))
-            for i in range(n)
-        ]
+        return samples
 
     def _top(self, reported: torch.Tensor, token: int, value: float, k: int) -> list[tuple[int, float, int]]:
         """The sampled token (with its rank) first, then the top k by reported logprob (ranks 1..k)."""
         k = self.vocab_size if k == -1 else min(k, self.vocab_size)
         entries = [(token, value, 1 + int((reported > value).sum()))]
-        if k:
-            best = reported.topk(k)
-            for rank, (t, lp) in enumerate(zip(best.indices.tolist(), best.values.tolist(), strict=True), start=1):
-                if t != token:
-                    entries.append((t, lp, rank))
+        best = reported.topk(k)
+        for rank, (t, lp) in enumerate(zip(best.indices.tolist(), best.values.tolist(), strict=True), start=1):
+            if t != token:
+                entries.append((t, lp, rank))
         return entries

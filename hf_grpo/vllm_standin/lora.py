@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import logging
 import re
 import threading
@@ -29,14 +30,12 @@ logger = logging.getLogger("hf_grpo.vllm_standin.server")
 def unsupported_lora_features(config) -> list[str]:
     """What vLLM's adapter loader refuses in an adapter config (``PEFTHelper._validate_features`` and its bias check),
     in vLLM's words; empty when vLLM would load it."""
-    problems = []
-    if getattr(config, "modules_to_save", None):
-        problems.append("vLLM only supports modules_to_save being None.")
-    if getattr(config, "use_dora", False):
-        problems.append("vLLM does not yet support DoRA.")
-    if getattr(config, "bias", "none") != "none":
-        problems.append("Adapter bias is not supported.")
-    return problems
+    checks = (
+        (getattr(config, "modules_to_save", None), "vLLM only supports modules_to_save being None."),
+        (getattr(config, "use_dora", False), "vLLM does not yet support DoRA."),
+        (getattr(config, "bias", "none") != "none", "Adapter bias is not supported."),
+    )
+    return [problem for refused, problem in checks if refused]
 
 
 def unexpected_lora_modules(state: dict, expected: set[str]) -> list[str]:
@@ -74,7 +73,7 @@ class AdapterStore:
         self.enable_lora, self.max_lora_rank = enable_lora, max_lora_rank
         self.adapters: dict[str, Adapter] = {}
         self.lock = threading.Lock()
-        self._next_lora_id = 1
+        self._lora_ids = itertools.count(1)
 
     def get(self, name: str) -> Adapter | None:
         with self.lock:
@@ -112,12 +111,8 @@ class AdapterStore:
         except Exception as exc:
             raise ApiError(500, f"Loading lora {name} failed: {exc}", "InternalServerError") from exc
         with self.lock:
-            previous = self.adapters.get(name)
-            if previous is None:
-                lora_id, count = self._next_lora_id, 1
-                self._next_lora_id += 1
-            else:
-                lora_id, count = previous.lora_int_id, previous.load_count + 1
+            old = self.adapters.get(name)
+            lora_id, count = (next(self._lora_ids), 1) if old is None else (old.lora_int_id, old.load_count + 1)
             self.adapters[name] = Adapter(model, path, digest, lora_id, config, state, count)
         logger.info("loaded LoRA adapter %s from %s (sha256 %s)", name, path, digest[:12])
         return f"Success: LoRA adapter '{name}' added successfully."
@@ -142,7 +137,6 @@ class AdapterStore:
             )
 
     def merge(self, config, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        """The adapter merged into a copy of the current base."""
         from peft import get_peft_model, set_peft_model_state_dict  # loads only when an adapter does
 
         with self.model_lock:

@@ -27,12 +27,12 @@ from .completions import CompletionRoute
 from .engine import SamplingEngine
 from .errors import ApiError, NoRoute, api_error_from
 from .lora import AdapterStore
+from .transport import LOOPBACK_HOSTS
 from .weights import WeightReceiver
 
 
 logger = logging.getLogger("hf_grpo.vllm_standin.server")
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 Routes = dict[str, tuple[str, Callable[[], Any]]]  # path: (method, handler)
 
 
@@ -68,12 +68,9 @@ class ServerApp:
         names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
         self.served_model_names = names or [str(model_dir)]
         self.served_model_name, self.model_dir = self.served_model_names[0], str(model_dir)
-        self.max_model_len, self.logprobs_mode, self.max_logprobs = (
-            self.engine.max_model_len,
-            logprobs_mode,
-            max_logprobs,
-        )
-        self.allow_runtime_lora_updating, self.seed, self.dev_mode = allow_runtime_lora_updating, seed, dev_mode
+        self.max_model_len, self.max_logprobs = self.engine.max_model_len, max_logprobs
+        self.logprobs_mode, self.seed, self.dev_mode = logprobs_mode, seed, dev_mode
+        self.allow_runtime_lora_updating = allow_runtime_lora_updating
         # one generation or weight load at a time (the engine's lock): deterministic, gentle on CPUs
         self.lora = AdapterStore(self.engine.model, self.engine.lock, enable_lora, max_lora_rank)
         self.weights = WeightReceiver(self.engine, weight_transfer_config, on_finish=self.lora.remerge)
@@ -112,30 +109,23 @@ class ServerApp:
         return handler()
 
     def list_models(self) -> dict:
-        now = int(time.time())
-        base = [(name, self.model_dir, None, self.max_model_len) for name in self.served_model_names]
-        cards = [(name, a.path, self.served_model_name, None) for name, a in self.lora.items()]
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": i,
-                    "object": "model",
-                    "created": now,
-                    "owned_by": "vllm",
-                    "root": r,
-                    "parent": p,
-                    "max_model_len": m,
-                }
-                for i, r, p, m in base + cards
-            ],
-        }
+        t = int(time.time())
+        rows = [(name, self.model_dir, None, self.max_model_len) for name in self.served_model_names]
+        rows += [(name, a.path, self.served_model_name, None) for name, a in self.lora.items()]
+        cards = [
+            {"id": i, "object": "model", "created": t, "owned_by": "vllm", "root": r, "parent": p, "max_model_len": m}
+            for i, r, p, m in rows
+        ]
+        return {"object": "list", "data": cards}
 
     def server_info(self, query: dict[str, str]) -> dict:
         """vLLM's ``/server_info``: the resolved config (``config_format=json``: a tree, else its text)."""
         config_format = query.get("config_format", "text")
         if config_format not in ("text", "json"):
             raise ApiError(400, f"config_format must be 'text' or 'json', got {config_format!r}", "Bad Request")
+        parallel = dict.fromkeys(
+            ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "world_size"), 1
+        )
         config = {
             "model_config": {
                 "model": self.model_dir,
@@ -146,12 +136,7 @@ class ServerApp:
                 "seed": self.seed,
                 "dtype": "torch.float32",
             },
-            "parallel_config": {
-                "tensor_parallel_size": 1,
-                "pipeline_parallel_size": 1,
-                "data_parallel_size": 1,
-                "world_size": 1,
-            },
+            "parallel_config": parallel,
             "device_config": {"device": "cpu"},
             "lora_config": {"max_lora_rank": self.lora.max_lora_rank} if self.lora.enable_lora else None,
             "weight_transfer_config": self.weights.config,
@@ -172,12 +157,6 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # an idle keep-alive connection is closed, so no handler thread outlives the test that used it
     server: StandInHTTPServer
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
     def _answer(self, method: str, path: str, query: dict[str, str]) -> tuple[int, Any]:
         """(status, payload) of the request, errors answered as vLLM answers them."""
         try:
@@ -196,9 +175,9 @@ class _Handler(BaseHTTPRequestHandler):
             logger.exception("%s %s failed (HTTP %d)", method, path, error.status)
             return error.status, error.body()
 
-    def _dispatch(self, method: str) -> None:
+    def _dispatch(self) -> None:  # GET and POST alike: self.command is the method
         parts = urlsplit(self.path)
-        status, payload = self._answer(method, parts.path, {k: v[-1] for k, v in parse_qs(parts.query).items()})
+        status, payload = self._answer(self.command, parts.path, {k: v[-1] for k, v in parse_qs(parts.query).items()})
         if payload is None:
             data, content_type = b"", None
         elif isinstance(payload, str):
@@ -215,15 +194,17 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout); nothing to answer
             self.close_connection = True
 
+    do_GET = do_POST = _dispatch
+
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s " + format, self.address_string(), *args)
 
 
 def check_host(host: str) -> str:
     """The address to bind for ``--host``: loopback only."""
-    if host not in LOOPBACK:
+    if host not in LOOPBACK_HOSTS:
         raise ValueError(
-            f"--host {host}: hf_grpo's CPU stand-in for vllm serve binds loopback addresses only {LOOPBACK}, so "
+            f"--host {host}: hf_grpo's CPU stand-in for vllm serve binds loopback addresses only {LOOPBACK_HOSTS}, so "
             "nothing outside this machine can reach it. Set generation.host: 127.0.0.1 for a miniature."
         )
     return "127.0.0.1" if host == "localhost" else host

@@ -12,6 +12,7 @@ The trainer (rank 0) hosts the rendezvous, workers join, and the trainer broadca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,24 +32,23 @@ DEFAULT_BUFFER_SIZE_BYTES = 1024 * 1024 * 1024  # vLLM's DEFAULT_PACKED_BUFFER_S
 DEFAULT_NUM_BUFFERS = 2  # vLLM's DEFAULT_PACKED_NUM_BUFFERS (no effect here: sends are synchronous)
 
 
-def default_timeout() -> float:
-    return float(os.environ.get("HF_GRPO_WEIGHT_TRANSFER_TIMEOUT", "300"))
-
-
 class TransportError(RuntimeError):
     """The CPU weight-transfer group failed: a peer left, timed out, or sent bytes that do not match."""
 
 
-def check_loopback(host: str, what: str) -> None:
-    if host not in LOOPBACK_HOSTS:
+def _rendezvous_timeout(master_address: str, timeout: float | None) -> float:
+    """Refuse a ``master_address`` that is not loopback; ``timeout`` or else ``HF_GRPO_WEIGHT_TRANSFER_TIMEOUT``."""
+    if master_address not in LOOPBACK_HOSTS:
         raise ValueError(
-            f"{what} {host!r} is not a loopback address: hf_grpo's CPU stand-in for vLLM's NCCL weight transfer only "
-            f"listens and connects on {LOOPBACK_HOSTS}"
+            f"master_address {master_address!r} is not a loopback address: hf_grpo's CPU stand-in for vLLM's NCCL "
+            f"weight transfer only listens and connects on {LOOPBACK_HOSTS}"
         )
+    return float(os.environ.get("HF_GRPO_WEIGHT_TRANSFER_TIMEOUT", "300")) if timeout is None else timeout
 
 
-def _recv_exact(sock: socket.socket, view: memoryview, what: str) -> None:
-    got = 0
+def _recv_exact(sock: socket.socket, buffer: bytearray | memoryview, what: str) -> bytearray | memoryview:
+    """Fill ``buffer`` from ``sock`` (or raise ``TransportError``) and return it."""
+    view, got = memoryview(buffer), 0
     while got < len(view):
         try:
             count = sock.recv_into(view[got:])
@@ -59,6 +59,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, what: str) -> None:
         if count == 0:
             raise TransportError(f"the peer closed the weight transfer connection while this side waited for {what}")
         got += count
+    return buffer
 
 
 def _send_message(sock: socket.socket, message: dict) -> None:
@@ -67,14 +68,10 @@ def _send_message(sock: socket.socket, message: dict) -> None:
 
 
 def _recv_message(sock: socket.socket) -> dict:
-    header = bytearray(_MESSAGE.size)
-    _recv_exact(sock, memoryview(header), "a rendezvous message")
-    (length,) = _MESSAGE.unpack(header)
+    (length,) = _MESSAGE.unpack(_recv_exact(sock, bytearray(_MESSAGE.size), "a rendezvous message"))
     if length > 1 << 20:
         raise TransportError("malformed rendezvous message (not an hf_grpo weight transfer peer?)")
-    data = bytearray(length)
-    _recv_exact(sock, memoryview(data), "a rendezvous message")
-    return json.loads(data)
+    return json.loads(_recv_exact(sock, bytearray(length), "a rendezvous message"))
 
 
 class TCPGroup:
@@ -103,18 +100,12 @@ class TCPGroup:
     def socket(self, value: dict[int, socket.socket] | None) -> None:
         if value is None:
             for sock in self._peers.values():
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
             self._peers = {}
         else:
             self._peers = value
-
-    @property
-    def closed(self) -> bool:
-        return not self._peers
 
     def close(self) -> None:
         self.socket = None
@@ -129,9 +120,7 @@ class CPUCommunicator:
         self.group, self.timeout = group, timeout
         self.rank, self.world_size = group.rank, group.world_size
         self.device = torch.device("cpu")
-        self.available = True
-        self.frames = 0  # frames sent (rank 0) or received (worker)
-        self.bytes = 0
+        self.bytes = 0  # sent (rank 0) or received (worker) in the group's lifetime
 
     def _peers(self) -> dict[int, socket.socket]:
         peers = self.group.socket
@@ -159,7 +148,6 @@ class CPUCommunicator:
                 raise TransportError(
                     f"sending weights to rank {rank} failed: {exc} (did the vLLM server stop?)"
                 ) from exc
-        self.frames += 1
         self.bytes += data.nbytes
 
     def _recv_into(self, tensor: torch.Tensor) -> None:
@@ -167,9 +155,7 @@ class CPUCommunicator:
             raise ValueError("receive into a contiguous CPU tensor")
         sock = self._peers()[0]
         sock.settimeout(self.timeout)
-        header = bytearray(_FRAME.size)
-        _recv_exact(sock, memoryview(header), "weights")
-        magic, length = _FRAME.unpack(header)
+        magic, length = _FRAME.unpack(_recv_exact(sock, bytearray(_FRAME.size), "weights"))
         if magic != FRAME_MAGIC:
             raise TransportError("malformed weight transfer frame (the stream is out of step)")
         target = tensor.reshape(-1).view(torch.uint8)
@@ -180,7 +166,6 @@ class CPUCommunicator:
                 "names, dtypes and shapes announced in update_info"
             )
         _recv_exact(sock, memoryview(target.numpy()), "weights")
-        self.frames += 1
         self.bytes += length
 
 
@@ -196,12 +181,11 @@ def open_trainer_group(
     master_address: str, master_port: int, world_size: int, rank: int = 0, timeout: float | None = None
 ) -> CPUCommunicator:
     """Rank 0's side of the rendezvous: listen, wait for the ``world_size - 1`` workers, check them, confirm."""
-    check_loopback(master_address, "master_address")
+    timeout = _rendezvous_timeout(master_address, timeout)
     if rank != 0:
         raise NotImplementedError("hf_grpo's CPU weight transfer has one trainer rank (0)")
     if world_size < 2:
         raise ValueError(f"world_size must count the trainer and at least one worker, got {world_size}")
-    timeout = default_timeout() if timeout is None else timeout
     try:
         family = socket.AF_INET6 if ":" in master_address else socket.AF_INET
         listener = socket.create_server((master_address, int(master_port)), family=family)
@@ -251,8 +235,7 @@ def join_group(
     master_address: str, master_port: int, rank: int, world_size: int, timeout: float | None = None
 ) -> CPUCommunicator:
     """A worker's side of the rendezvous: connect to rank 0 (retrying until it listens), announce, wait for the go."""
-    check_loopback(master_address, "master_address")
-    timeout = default_timeout() if timeout is None else timeout
+    timeout = _rendezvous_timeout(master_address, timeout)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -302,21 +285,19 @@ def broadcast_packed(
     src: int,
     post_iter_func: Callable[[tuple[str, torch.Tensor]], torch.Tensor],
     buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES,
-) -> int:
-    """Send every tensor of ``iterator`` (after ``post_iter_func``) in packed buffers; returns the tensor count."""
+) -> None:
+    """Send every tensor of ``iterator`` (after ``post_iter_func``) in packed buffers."""
     pending: list[torch.Tensor] = []
-    total = count = 0
+    total = 0
     for item in iterator:
         flat = post_iter_func(item).detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
         pending.append(flat)
         total += flat.numel()
-        count += 1
         if total > buffer_size_bytes:
             communicator.broadcast(torch.cat(pending), src=src)
             pending, total = [], 0
     if pending:
         communicator.broadcast(torch.cat(pending), src=src)
-    return count
 
 
 def receive_packed(

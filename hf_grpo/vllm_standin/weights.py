@@ -169,11 +169,9 @@ class WeightReceiver:
     def _receive(self, communicator, metadata) -> list[tuple[str, torch.Tensor]]:
         """The announced tensors, in packed buffers or one broadcast each (``init_info["packed"]``)."""
         if not self.init_info.get("packed", False):
-            received = []
-            for name, shape, dtype in metadata:
-                tensor = torch.empty(shape, dtype=dtype)
+            received = [(name, torch.empty(shape, dtype=dtype)) for name, shape, dtype in metadata]
+            for _, tensor in received:
                 communicator.broadcast(tensor, src=0)
-                received.append((name, tensor))
             return received
         buffer_size = int(self.init_info.get("packed_buffer_size_bytes", transport.DEFAULT_BUFFER_SIZE_BYTES))
         return [item for chunk in transport.receive_packed(communicator, metadata, 0, buffer_size) for item in chunk]
