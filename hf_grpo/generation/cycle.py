@@ -20,16 +20,16 @@ def overlap_cycle(
     every = steps_per_generation * num_iterations
     cycle_steps = every // accumulation
     if every % accumulation:
-        not_whole = (
+        problem = (
             f"generation.overlap needs steps_per_generation x num_iterations ({every}) to be a multiple of "
             f"gradient_accumulation_steps ({accumulation}), so that every generation starts an optimizer step"
         )
-        return cycle_steps, [not_whole]
-    if max_staleness < cycle_steps:
-        too_stale = (
+    elif max_staleness < cycle_steps:
+        problem = (
             f"generation.max_staleness {max_staleness} is below the {cycle_steps} optimizer steps one generation "
             "serves (steps_per_generation x num_iterations / gradient_accumulation_steps), so no round can be sent "
             f"ahead; set generation.max_staleness to {cycle_steps} or more"
         )
-        return cycle_steps, [too_stale]
-    return cycle_steps, []
+    else:
+        return cycle_steps, []
+    return cycle_steps, [problem]

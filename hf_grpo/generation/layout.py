@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -140,13 +141,12 @@ def trl_fields(gen: GenerationArguments, use_peft: bool) -> dict:
         return {}
     if gen.backend == "transformers":
         return {"use_vllm": False}
-    memory = gen.gpu_memory_utilization
     if gen.backend == "vllm_colocate":
         out = {
             "use_vllm": True,
             "vllm_mode": "colocate",
             "vllm_tensor_parallel_size": gen.tensor_parallel_size,
-            "vllm_gpu_memory_utilization": 0.3 if memory is None else memory,
+            "vllm_gpu_memory_utilization": 0.3 if gen.gpu_memory_utilization is None else gen.gpu_memory_utilization,
         }
         if gen.max_model_len is not None:
             out["vllm_max_model_length"] = gen.max_model_len
@@ -241,23 +241,11 @@ def server_command(
     gen: GenerationArguments, model: str, sync: str, lora_r: int, dtype: str | None, seed: int
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of the ``vllm serve`` process for this recipe."""
-    cmd = [
-        *gen.serve_command,
-        model,
-        "--host",
-        gen.host,
-        "--port",
-        str(gen.port),
-        "--gpu-memory-utilization",
-        str(0.9 if gen.gpu_memory_utilization is None else gen.gpu_memory_utilization),
-        "--tensor-parallel-size",
-        str(gen.tensor_parallel_size),
-        "--seed",
-        str(seed),
-        # the importance-sampling correction compares against log_softmax(logits / T): processed logprobs
-        "--logprobs-mode",
-        "processed_logprobs",
-    ]
+    memory = 0.9 if gen.gpu_memory_utilization is None else gen.gpu_memory_utilization
+    cmd = [*gen.serve_command, model, "--host", gen.host, "--port", str(gen.port)]
+    cmd += ["--gpu-memory-utilization", str(memory), "--tensor-parallel-size", str(gen.tensor_parallel_size)]
+    # the importance-sampling correction compares against log_softmax(logits / T): processed logprobs
+    cmd += ["--seed", str(seed), "--logprobs-mode", "processed_logprobs"]
     # INFO: importing TRL (as the launcher does) sets VLLM_LOGGING_LEVEL=ERROR, which would silence the server's log
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gen.server_gpus())), "VLLM_LOGGING_LEVEL": "INFO"}
     if gen.data_parallel_size > 1:
@@ -283,12 +271,8 @@ def server_command(
 
 def training_gpus(gen: GenerationArguments, num_processes: int) -> list[int]:
     """GPU ids of the training processes on one machine: the first ones the server does not use."""
-    taken, out, gpu = set(gen.server_gpus()), [], 0
-    while len(out) < num_processes:
-        if gpu not in taken:
-            out.append(gpu)
-        gpu += 1
-    return out
+    taken = set(gen.server_gpus())
+    return list(itertools.islice((gpu for gpu in itertools.count() if gpu not in taken), num_processes))
 
 
 def training_cpus(gen: GenerationArguments) -> list[int]:

@@ -54,6 +54,7 @@ next round with the same adapter version and seeds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -156,11 +157,7 @@ class Lookahead:
         batches, self._read_ahead = self._read_ahead[:count], self._read_ahead[count:]
         # enough to hold the first batch of the farthest cycle within the bound (see _send_ahead)
         want = count + (self.depth * self.cycle_steps - 1) * self.accumulation + 1
-        while len(batches) + len(self._read_ahead) < want:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
+        for batch in itertools.islice(iterator, max(0, want - len(batches) - len(self._read_ahead))):
             (batches if len(batches) < count else self._read_ahead).append(batch)
         return batches
 
@@ -183,7 +180,7 @@ class Lookahead:
 
     def in_use(self) -> set[str]:
         """The adapters of rounds still generating: the sync that loads the current one must not unload them."""
-        rounds = [self.current, *self.planned] if self.current is not None else list(self.planned)
+        rounds = (r for r in (self.current, *self.planned) if r is not None)
         return {f"policy-{r.version}" for r in rounds if r.prompt_ids is not None and not r.done.is_set()}
 
     def generate(self, step: int, prompt_ids: list[list[int]], num_generations: int) -> tuple[list, list]:
@@ -271,10 +268,9 @@ class Lookahead:
         rounds = list(self.planned)
         for round_ in rounds:
             round_.wait(self._wait_limit(len(round_.prompt_ids)))
-        state = {"rounds": [r.to_json() for r in rounds]}
         path = os.path.join(folder, STATE_FILE.format(rank=rank))
         with open(path + ".tmp", "w") as f:
-            json.dump(state, f)
+            json.dump({"rounds": [r.to_json() for r in rounds]}, f)
         os.replace(path + ".tmp", path)
 
     def load(self, checkpoint: str, rank: int) -> None:
@@ -286,8 +282,7 @@ class Lookahead:
                 "processes; resume with the same generation.overlap setting and process count"
             )
         with open(path) as f:
-            state = json.load(f)
-        rounds = [Round.from_json(r) for r in state["rounds"]]
+            rounds = [Round.from_json(r) for r in json.load(f)["rounds"]]
         # a run resumed with a lower generation.max_staleness: rounds beyond the new bound are generated anew
         stale = [r for r in rounds if r.step - r.version > self.max_staleness]
         if stale:

@@ -86,23 +86,17 @@ class VLLMServerProcess:
         client = VLLMServerClient(self.url, connect_timeout=5.0, request_timeout=5.0)
         deadline = time.monotonic() + self.timeout_s
         what = f"the vLLM server at {self.url} to become healthy (generation.server_timeout; log: {self.log_path})"
-        try:
-            with still_waiting(what, self.timeout_s):
-                self._poll_health(client, deadline)
-        finally:
-            client.close()
-
-    def _poll_health(self, client: VLLMServerClient, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(
-                    f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
-                    f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            if client.health():
-                logger.info("vLLM server healthy at %s", self.url)
-                return
-            time.sleep(1.0)
+        with contextlib.closing(client), still_waiting(what, self.timeout_s):
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise ServerStartError(
+                        f"the vLLM server exited with code {self.process.returncode} before becoming healthy at "
+                        f"{self.url}. Last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                if client.health():
+                    logger.info("vLLM server healthy at %s", self.url)
+                    return
+                time.sleep(1.0)
         raise ServerStartError(
             f"the vLLM server at {self.url} was not healthy after {self.timeout_s:.0f} s (generation.server_timeout). "
             f"Check {self.log_path} (model download, GPU memory: generation.gpu_memory_utilization, port in use). "
@@ -112,20 +106,17 @@ class VLLMServerProcess:
     def stop(self, grace_s: float = 30.0) -> None:
         if self.process is None:
             return
-        if self.process.poll() is not None:  # the leader is gone; its workers may not be
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            return
-        logger.info("stopping the vLLM server (pid %d)", self.process.pid)
-        try:
-            ask_group_to_stop(self.process.pid)  # SIGTERM, and SIGCONT for a stopped server
-            self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        except ProcessLookupError:
-            pass
-        # the engine workers the server spawned share its group and may outlive it
+        if self.process.poll() is None:
+            logger.info("stopping the vLLM server (pid %d)", self.process.pid)
+            try:
+                ask_group_to_stop(self.process.pid)  # SIGTERM, and SIGCONT for a stopped server
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        # the engine workers the server spawned share its group and may outlive it (or a leader that is already gone)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
 

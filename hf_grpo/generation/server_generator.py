@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import shutil
 from pathlib import Path
@@ -30,14 +31,6 @@ from .vllm_client import VLLMConnectionError, VLLMServerClient, VLLMServerError
 logger = logging.getLogger(__name__)
 
 ADAPTER_FILE = "adapter_model.safetensors"
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def save_adapter(trainer, path: Path) -> str | None:
@@ -56,7 +49,8 @@ def save_adapter(trainer, path: Path) -> str | None:
     path.mkdir(parents=True, exist_ok=True)
     save_file(state, path / ADAPTER_FILE)
     model.peft_config["default"].save_pretrained(path)
-    return sha256_file(path / ADAPTER_FILE)
+    with open(path / ADAPTER_FILE, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # vLLM seeds sample i of an n-sample request with seed + i; one generate call's prompts take seed + j * n + i, and
@@ -96,7 +90,6 @@ class ServerGenerator:
         self.synced_step = -1
         self.loaded: dict[str, Path] = {}  # adapter name -> its directory, for every adapter the server holds
         self.adapter_sha256: str | None = None  # of the adapter the server serves now (main process)
-        self.requests = 0
         self.extra_body: dict = {}  # generation_kwargs and structured outputs, set by connect()
         self.sampling: dict = {}  # the trainer's sampling settings, set by connect()
         self.process_index = 0  # this process's, set by connect(): part of every request's seed
@@ -167,19 +160,16 @@ class ServerGenerator:
                 self.client.unload_lora_adapter(old, missing_ok=True)
             self.adapter_sha256 = sha256
             logger.debug("server now serves %s (sha256 %s)", name, sha256)
-            kept = {p.name for n, p in self.loaded.items() if n in in_use}
-            self._prune(keep=kept | {path.name, f"step-{self.synced_step}"})
+            # delete the adapter directories the server no longer serves (older runs' too)
+            keep = {p.name for n, p in self.loaded.items() if n in in_use} | {path.name, f"step-{self.synced_step}"}
+            for folder in self.adapter_dir.glob("step-*"):
+                if folder.name not in keep and folder.is_dir():
+                    shutil.rmtree(folder, ignore_errors=True)
         trainer.accelerator.wait_for_everyone()
         # every process: what the server holds, to load it again after a restart
         self.loaded = {n: p for n, p in self.loaded.items() if n in in_use} | {name: path}
         self.adapter_name, self.synced_step = name, step
         return True
-
-    def _prune(self, keep: set[str]) -> None:
-        """Delete the adapter directories the server no longer serves (older runs' too), keeping ``keep``."""
-        for old in self.adapter_dir.glob("step-*"):
-            if old.name not in keep and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
 
     def generate(
         self,
@@ -198,12 +188,7 @@ class ServerGenerator:
         generates for a later step from another thread.
         """
         adapter = adapter or self.adapter_name
-        runs: list[tuple[list[int], int]] = []
-        for ids in prompt_ids:
-            if runs and runs[-1][0] == ids:
-                runs[-1] = (ids, runs[-1][1] + 1)
-            else:
-                runs.append((ids, 1))
+        runs = [(ids, len(list(group))) for ids, group in itertools.groupby(prompt_ids)]  # (prompt, n) per run
         samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in runs]  # per run: (ids, logprobs) x n
         for n in sorted({count for _, count in runs}):  # one request per distinct n (usually exactly one)
             chosen = [i for i, (_, count) in enumerate(runs) if count == n]
@@ -226,7 +211,6 @@ class ServerGenerator:
                 extra_body=self.extra_body,
                 **self.sampling,
             )
-            self.requests += 1
             for j, i in enumerate(chosen):  # the response is prompt-major: sample k of prompt j is at j * n + k
                 rows = slice(j * n, (j + 1) * n)
                 samples[i] = list(zip(result.completion_ids[rows], result.logprobs[rows], strict=True))

@@ -182,7 +182,8 @@ class VLLMServerClient:
                     return response
                 if response.status_code not in RETRY_STATUSES:
                     raise self._http_error(response, method, path)
-                last = f"HTTP {response.status_code}: {_error_message(response)}"
+                message, error_type = _error(response)
+                last = f"HTTP {response.status_code}: {message}"
                 retry_after = _retry_after(response)
             if attempt + 1 < attempts:
                 delay = min(self.max_backoff, retry_after if retry_after is not None else self.backoff * 2**attempt)
@@ -197,7 +198,7 @@ class VLLMServerClient:
                 f"attempts over {elapsed:.1f}s. The server is overloaded or restarting; {_CHECKS}",
                 url=url,
                 status=response.status_code,
-                error_type=_error_type(response),
+                error_type=error_type,
             )
         raise VLLMConnectionError(
             f"vLLM server at {self.base_url} did not answer {method} {path} after {attempts} attempts over "
@@ -205,7 +206,7 @@ class VLLMServerClient:
         )
 
     def _http_error(self, response: requests.Response, method: str, path: str) -> VLLMServerError:
-        message = _error_message(response)
+        message, error_type = _error(response)
         hint = ""
         if response.status_code == 404 and path.endswith("_lora_adapter") and message == "Not Found":
             hint = (
@@ -216,7 +217,7 @@ class VLLMServerClient:
             f"vLLM server at {self.base_url} rejected {method} {path}: HTTP {response.status_code}: {message}{hint}",
             url=response.url,
             status=response.status_code,
-            error_type=_error_type(response),
+            error_type=error_type,
         )
 
     # ---------------------------------------------------------------- endpoints
@@ -385,29 +386,22 @@ def _token_id(token: str) -> int | None:
     return int(token[len("token_id:") :]) if token.startswith("token_id:") else None
 
 
-def _error_json(response: requests.Response) -> dict:
+def _error(response: requests.Response) -> tuple[str, str | None]:
+    """(message, error type) of an error answer."""
     try:
         body = response.json()
     except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _error_message(response: requests.Response) -> str:
-    body = _error_json(response)
+        body = {}
+    body = body if isinstance(body, dict) else {}
     error = body.get("error")
+    error_type = error.get("type") if isinstance(error, dict) else None
     if isinstance(error, dict) and "message" in error:  # vLLM: {"error": {"message", "type", "param", "code"}}
-        return str(error["message"])
+        return str(error["message"]), error_type
     if "message" in body:  # older flat shape
-        return str(body["message"])
+        return str(body["message"]), error_type
     if "detail" in body:  # FastAPI default, e.g. a route that is not registered
-        return str(body["detail"])
-    return response.text.strip()[:500] or response.reason or "no body"
-
-
-def _error_type(response: requests.Response) -> str | None:
-    error = _error_json(response).get("error")
-    return error.get("type") if isinstance(error, dict) else None
+        return str(body["detail"]), error_type
+    return response.text.strip()[:500] or response.reason or "no body", error_type
 
 
 def _retry_after(response: requests.Response) -> float | None:
