@@ -55,14 +55,8 @@ def write_manifest(
     run_recipe = folder.parent / RECIPE_FILE
     if run_recipe.is_file():  # the recipe this checkpoint was trained with, compared before a resume
         shutil.copyfile(run_recipe, folder / RECIPE_FILE)
-    files = {}
-    for view in (*seen, listing(folder)):
-        files.update(view)
-    manifest = {
-        "num_processes": num_processes,
-        "dynamic_sampling": dynamic_sampling,
-        "files": dict(sorted(files.items())),
-    }
+    files = sorted({name: size for view in (*seen, listing(folder)) for name, size in view.items()}.items())
+    manifest = {"num_processes": num_processes, "dynamic_sampling": dynamic_sampling, "files": dict(files)}
     tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"  # each node's writer its own (nodes that do not share write both)
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)

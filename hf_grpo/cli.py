@@ -21,22 +21,10 @@ import sys
 COMMANDS = {
     "train": ("hf_grpo.train", "train a policy with GRPO from a YAML recipe (python -m hf_grpo.train)"),
     "eval": ("hf_grpo.evaluate", "evaluate a model or a run's adapter on a math dataset (python -m hf_grpo.evaluate)"),
-    "push": (
-        "hf_grpo.hub",
-        "push a finished run, with its model card, to the Hugging Face Hub (python -m hf_grpo.hub)",
-    ),
+    "push": ("hf_grpo.hub", "push a finished run with its model card to the Hugging Face Hub (python -m hf_grpo.hub)"),
     "report": ("hf_grpo.evaluation.report", "rebuild a finished run's training_curves.png, summary.md and model card"),
-    "recipes": (
-        "hf_grpo.recipe.shipped",
-        "list the shipped recipes, or copy one to edit (hf-grpo recipes ls | cp NAME [DEST])",
-    ),
-    "model": (
-        "hf_grpo.local_models",
-        (
-            "get a pretrained model that comes from the package index, as a local safetensors folder "
-            "(python -m hf_grpo.local_models)"
-        ),
-    ),
+    "recipes": ("hf_grpo.recipe.shipped", "list the shipped recipes, or copy one to edit (ls | cp NAME [DEST])"),
+    "model": ("hf_grpo.local_models", "get a model that comes from the package index, as a local safetensors folder"),
 }
 
 
