@@ -187,8 +187,7 @@ def _local_columns(path: str) -> set[str]:
         with open(Path(path).expanduser(), encoding="utf-8") as f:
             if path.endswith(".csv"):
                 return set(next(csv.reader(f), []))
-            first = f.readline().strip()
-            record = json.loads(first) if path.endswith(".jsonl") else None
+            record = json.loads(f.readline().strip()) if path.endswith(".jsonl") else None
     except (OSError, UnicodeDecodeError, ValueError):
         return set()
     return set(record) if isinstance(record, dict) else set()
@@ -241,16 +240,6 @@ def check_intervals(values: dict) -> None:
             )
 
 
-def _known_train_rows(data: DataArguments) -> tuple[int, str] | None:
-    """(at most how many training rows there are, which key says so), when the recipe alone tells."""
-    bounds = []
-    if data.resolved()["name"] == "arithmetic":
-        bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
-    if data.max_train_samples is not None:
-        bounds.append((data.max_train_samples, "max_train_samples"))
-    return min(bounds) if bounds else None
-
-
 def check_steps(values: dict, plan: BatchPlan, data: DataArguments) -> None:
     """A run that would make no optimizer step (it would exit 0 having trained nothing) is an error."""
     max_steps = values.get("max_steps", default_of("max_steps"))
@@ -260,9 +249,12 @@ def check_steps(values: dict, plan: BatchPlan, data: DataArguments) -> None:
             f"max_steps {max_steps} with num_train_epochs {epochs} makes 0 optimizer steps; set max_steps "
             "to a positive number of steps, or num_train_epochs > 0"
         )
-    known = _known_train_rows(data)
-    if known is not None and plan.prompts_per_generation > known[0]:
-        rows, key = known
+    # at most how many training rows there are, and which key says so, when the recipe alone tells
+    bounds = [(data.max_train_samples, "max_train_samples")] if data.max_train_samples is not None else []
+    if data.resolved()["name"] == "arithmetic":
+        bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
+    rows, key = min(bounds, default=(None, None))
+    if rows is not None and plan.prompts_per_generation > rows:
         raise RecipeError(
             f"per_device_train_batch_size {plan.per_device_train_batch_size}: one generation needs "
             f"{plan.prompts_per_generation} prompts ({plan.completions_per_generation} completions / num_generations "

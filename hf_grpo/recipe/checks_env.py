@@ -121,10 +121,8 @@ def _module_names(model: ModelArguments, trust_remote_code: bool) -> dict[str, b
     weights); None when its config is not on this machine (a hub model not yet downloaded)."""
     if model.model_name_or_path == "tiny":
         config = Qwen2Config(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
-    else:
-        config = _local_config(model, trust_remote_code)
-        if config is None:
-            return None
+    elif (config := _local_config(model, trust_remote_code)) is None:
+        return None
     try:
         with init_empty_weights():
             built = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)

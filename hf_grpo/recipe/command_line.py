@@ -59,27 +59,25 @@ def split_argv(argv: list[str]) -> tuple[str | None, dict[str, str | None], set[
         elif eq:
             overrides[name] = value
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            overrides[name], i = argv[i + 1], i + 1
-            items = [overrides[name]]
+            items, i = [argv[i + 1]], i + 1
             while _takes_list(name) and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 if path is None and argv[i + 1].endswith((".yaml", ".yml")):
                     break  # the recipe after a list option: `--lora_target_modules q_proj v_proj recipe.yaml`
                 items, i = [*items, argv[i + 1]], i + 1  # `--reward_funcs a b`, as TRL's --help shows lists
-            if len(items) > 1:
-                overrides[name] = "[" + ", ".join(items) + "]"
+            overrides[name] = items[0] if len(items) == 1 else "[" + ", ".join(items) + "]"
         else:
             overrides[name] = None  # bare flag
         i += 1
     return path, overrides, flags
 
 
-def _parse_override(key: str, raw: str | None, hint: Any = None) -> Any:
+def _override_value(key: str, raw: str | None, hint: Any) -> Any:
     """A command-line value read as YAML; a malformed ``[list]`` or ``{mapping}`` for a field that takes one is an
     error (read as a plain string, ``'[q_proj,'`` would become a module name)."""
     if raw is None:
         return True
     try:
-        return load_yaml(raw) if raw.strip() else raw
+        parsed = load_yaml(raw) if raw.strip() else raw
     except yaml.YAMLError as exc:
         takes_collection = hint is not None and (coerce([], hint)[0] or coerce({}, hint)[0])
         if takes_collection and raw.lstrip().startswith(("[", "{")):
@@ -88,11 +86,7 @@ def _parse_override(key: str, raw: str | None, hint: Any = None) -> Any:
                 f"write it as --{key} '[a, b]'"
             ) from None
         return raw
-
-
-def _override_value(key: str, raw: str | None, hint: Any) -> Any:
-    parsed = _parse_override(key, raw, hint)
-    if hint is not None and not coerce(parsed, hint)[0] and raw is not None and coerce(raw, hint)[0]:
+    if hint is not None and not coerce(parsed, hint)[0] and coerce(raw, hint)[0]:
         return raw  # a string field given something YAML reads as another type, e.g. `--run_name 2024`
     return parsed
 

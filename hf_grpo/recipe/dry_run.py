@@ -9,12 +9,8 @@ from .schema import NESTED, SECTIONS, Recipe, default_of, field_index
 
 
 def _generation_lines(recipe: Recipe) -> list[str]:
-    chosen = recipe.sources.get("generation.backend")  # backend: auto, and why it resolved as it did
-    return ([f"generation.backend {chosen}"] if chosen else []) + _layout_lines(recipe)
-
-
-def _layout_lines(recipe: Recipe) -> list[str]:
-    gen = recipe.generation
+    gen, chosen = recipe.generation, recipe.sources.get("generation.backend")  # backend: auto, and why it resolved
+    lines = [f"generation.backend {chosen}"] if chosen else []
     if gen.backend is None:
         # from the recipe's values: a dry run checks the training config with vLLM switched off
         use_vllm = recipe.values.get("use_vllm", default_of("use_vllm"))
@@ -22,12 +18,12 @@ def _layout_lines(recipe: Recipe) -> list[str]:
         engine = f"TRL vLLM ({mode})" if use_vllm else "transformers, in the training processes"
         if use_vllm and "vllm_mode" not in recipe.values:  # TRL 0.x recipes (open-r1's) meant a server
             engine += "; TRL 1.x's default mode (TRL 0.18 defaulted to server): set vllm_mode, or generation.backend"
-        return [f"generation: {engine}"]
+        return [*lines, f"generation: {engine}"]
     if gen.backend != "vllm_server":
-        return [f"generation: {gen.backend}"]
+        return [*lines, f"generation: {gen.backend}"]
     devices = f"CPU cores {gen.cpus}" if gen.cpus is not None else f"GPUs {gen.server_gpus()}"
     where = f"started on {devices}" if gen.starts_server() else "already running"
-    lines = [f"generation: vLLM server at {gen.url} ({where}), weight sync: {gen.sync_mode(recipe.model.use_peft)}"]
+    lines += [f"generation: vLLM server at {gen.url} ({where}), weight sync: {gen.sync_mode(recipe.model.use_peft)}"]
     if gen.starts_server() and gen.cpus is not None:
         lines.append(f"training CPU cores: {training_cpus(gen)} (the others)")
     elif gen.starts_server():

@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-from ..config import HfGRPOConfig
-from .schema import BatchPlan, RecipeError
+from .schema import BatchPlan, RecipeError, default_of
 
 
 def batch_plan(values: dict, num_processes: int) -> BatchPlan:
     """Batch arithmetic for ``num_processes``; RecipeError when it cannot form whole prompt groups."""
-    defaults = {f.name: f.default for f in dataclasses.fields(HfGRPOConfig)}
 
     def get(key):
-        return values.get(key, defaults[key])
+        return values.get(key, default_of(key))
 
     pdb, ga, g = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), get("num_generations")
     spg, gbs = get("steps_per_generation"), get("generation_batch_size")
-    for key, value in (
-        ("per_device_train_batch_size", pdb),
-        ("gradient_accumulation_steps", ga),
-        ("num_generations", g),
-    ):
-        if value is None or value < 1:
-            raise RecipeError(f"{key} must be a positive integer, got {value!r}")
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
+        if get(key) is None or get(key) < 1:
+            raise RecipeError(f"{key} must be a positive integer, got {get(key)!r}")
     if g < 2:
         raise RecipeError(f"num_generations must be at least 2 (GRPO compares completions), got {g}")
     global_batch = pdb * num_processes

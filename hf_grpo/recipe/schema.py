@@ -58,9 +58,8 @@ def field_index() -> dict[str, tuple[str, dataclasses.Field, Any]]:
 
 def nested_index(section: str) -> dict[str, tuple[dataclasses.Field, Any]]:
     """Every key of a nested section: name -> (dataclass field, resolved type hint)."""
-    cls = NESTED[section]
-    hints = typing.get_type_hints(cls)
-    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(NESTED[section])
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(NESTED[section])}
 
 
 def key_defaults() -> dict[str, Any]:

@@ -57,7 +57,7 @@ def copy(name: str, dest: str | None, force: bool) -> Path:
     return target
 
 
-def build_parser(prog: str) -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None, prog: str = "hf-grpo recipes") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="List the shipped recipes, or copy one to edit.")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("ls", help="each shipped recipe with what it trains")
@@ -65,11 +65,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     cp.add_argument("name", help="a shipped recipe's name, e.g. tiny or qwen7b")
     cp.add_argument("dest", nargs="?", help="file or folder to write (default: NAME.yaml here)")
     cp.add_argument("--force", action="store_true", help="overwrite DEST when it exists")
-    return parser
-
-
-def main(argv: list[str] | None = None, prog: str = "hf-grpo recipes") -> int:
-    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.action == "ls":
         recipes = shipped_recipes()
         width = max(len(name) for name in recipes)

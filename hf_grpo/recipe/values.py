@@ -142,20 +142,16 @@ def coerce(value: Any, hint: Any) -> tuple[bool, Any]:
         return False, value
     if origin is typing.Literal:
         return value in typing.get_args(hint), value
-    if hint is type(None):
-        return value is None, value
-    if hint is bool:
-        return isinstance(value, bool), value
+    if hint in (type(None), bool, str):
+        return isinstance(value, hint), value
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _is_number(value):
             return True, value
         if isinstance(value, str) and _FLOAT_RE.match(value.strip()):  # a quoted number such as "1e-6"
             return True, float(value)
         return False, value
-    if hint is str:
-        return isinstance(value, str), value
     if origin in (list, tuple) or hint in (list, tuple):
         (item_hint,) = typing.get_args(hint) or (Any,)
         items = value if isinstance(value, list) else [value] if isinstance(value, str) else None
@@ -205,8 +201,8 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field) -> Any:
     if choices is not None and coerced is not None and coerced not in choices:
         raise RecipeError(f"{key} must be one of {list(choices)}, got {shown(coerced)}")
     _check_domain(key, coerced, f.default)
-    if key in FORMATS and isinstance(coerced, str):
-        FORMATS[key](key, coerced)
+    if key == "hub_model_id" and isinstance(coerced, str):
+        _check_hub_id(key, coerced)
     return coerced
 
 
@@ -222,10 +218,6 @@ def _check_hub_id(key: str, value: str) -> None:
             f"{key} {shown(value)} is not a Hub repository id; write name or namespace/name with letters, "
             "digits, '-', '_' and '.' (e.g. your-name/qwen7b-grpo)"
         )
-
-
-# Format checks of string values, by key.
-FORMATS = {"hub_model_id": _check_hub_id}
 
 
 def check_nested(section: str, key: str, value: Any) -> Any:
@@ -274,8 +266,7 @@ def check_known_keys(keys: list, index: dict, options: bool = False) -> None:
         return
     named = [f"--{k}" if options else repr(k) for k in unknown]
     if len(unknown) == 1:
-        what = "option" if options else "key"
-        raise RecipeError(f"unknown {what} {named[0]}{did_you_mean(unknown[0], index)}")
+        raise RecipeError(f"unknown {'option' if options else 'key'} {named[0]}{did_you_mean(unknown[0], index)}")
     items = " | ".join(f"{n}{did_you_mean(k, index)}" for n, k in zip(named, unknown, strict=True))
     raise RecipeError(f"{len(unknown)} unknown keys, each with its fix: {items}")
 

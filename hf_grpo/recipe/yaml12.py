@@ -30,12 +30,9 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
     if id(node) in open_nodes:
         raise _Recursive
     open_nodes.add(id(node))
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
         children = [child for pair in node.value for child in pair]
-    else:
-        children = []
     size = 1
     for child in children:
         size = min(size + _expanded_size(child, sizes, open_nodes), MAX_VALUES + 1)
