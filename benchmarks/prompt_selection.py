@@ -170,7 +170,8 @@ def side_by_side(args) -> list[str]:
     """
     shared = ["--budget", str(args.budget), "--lr", str(args.lr), "--target-gain", str(args.target_gain)]
     shared += ["--smooth", str(args.smooth), "--eval-every", str(args.eval_every), "--eval-size", str(args.eval_size)]
-    shared += ["--generations", str(args.generations), "--out", args.out, "--threads", "1"]
+    shared += ["--generations", str(args.generations), "--train-size", str(args.train_size)]
+    shared += ["--out", args.out, "--threads", "1"]
     shared += ["--stock-lrs", *map(str, args.stock_lrs)]
     rows_dir = Path(args.out) / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
@@ -205,6 +206,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-size", type=int, default=500)
     parser.add_argument("--generations", type=int, default=2, help="num_generations (recipes/tiny.yaml: 2)")
+    parser.add_argument(
+        "--train-size", type=int, default=4000, help="training problems (recipes/tiny.yaml: 4000; fewer: more epochs)"
+    )
     parser.add_argument("--out", default="/tmp/hf_grpo_bench_selection")
     parser.add_argument("--arms", nargs="+", help="only these arms (stock@LR, ds, ds+sel); default every arm")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all CPUs)")
@@ -230,7 +234,7 @@ def main() -> None:
     model = build_model(tokenizer, hidden_size=64)
     warm_start(model, tokenizer, 300, lr=2e-3)
     train, held_out = load_grpo_datasets(
-        DataArguments(arithmetic_train_size=4000, arithmetic_eval_size=args.eval_size)
+        DataArguments(arithmetic_train_size=args.train_size, arithmetic_eval_size=args.eval_size)
     )
 
     def grade(m) -> list[str]:
@@ -242,7 +246,7 @@ def main() -> None:
     target = start + args.target_gain
     print(
         f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, trl {trl.__version__}; held-out "
-        f"{len(held_out)} problems, greedy, {args.threads} threads; start accuracy {start:.3f}; target (fixed now) {target:.3f} "
+        f"{len(held_out)} problems, greedy; {len(train)} training problems, {args.threads} threads; start accuracy {start:.3f}; target (fixed now) {target:.3f} "
         f"(mean of the last {args.smooth} evaluations); budget {args.budget:.0f} training s per arm",
         flush=True,
     )
