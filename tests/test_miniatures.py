@@ -54,7 +54,8 @@ def assert_trained(out, values: dict, history: list[dict]) -> None:
     A full fine-tune (no dynamic sampling to look further for a group whose rewards differ) has a gradient only if
     one of its two steps' groups got differing rewards: the built 2-layer model answers about a third of the held-out
     problems right, and on one machine's floating-point path every sample of both steps scored 0 (an earlier CI
-    machine's did not). Without such a group the weights must stay exactly as built, with gradient norm 0."""
+    machine's did not). Without such a group the weights must stay exactly as built, with gradient norm 0;
+    test_zero3_full_fine_tune_moves_every_weight then shows the same setup moving every weight."""
     if values.get("use_peft"):
         adapter = load_file(out / "adapter_model.safetensors")
         assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name), "LoRA B never moved"
@@ -138,3 +139,24 @@ def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
     assert code == 0, log[-6000:]
     assert f"resuming from {out / 'checkpoint-2'}" in log
     assert history_steps(out) == [1, 2, 3]
+
+
+def test_zero3_full_fine_tune_moves_every_weight(tmp_path, cache_env):
+    """qwen7b.yaml's ZeRO-3 full fine-tune, in miniature, with a reward that always has a learning signal: every
+    weight of the saved model differs from the built one. (The recipe's own reward may give the tiny policy no
+    signal at all, in which case the recipe test above can only check that nothing moved.)"""
+    out = tmp_path / "run"
+    argv = ["--output_dir", str(out), "--max_steps", "1", "--reward_funcs", "tests.scripts.ordinal_reward:ordinal"]
+    argv += ["--reward_isolation", "false"]  # in the training process: the reward sees the whole batch
+    code, log = train(
+        str(REPO / "recipes" / "qwen7b.yaml"), "--miniature", *argv, "--report_to", "none", env=cache_env
+    )
+    assert code == 0, log[-6000:]
+    assert "training on 2 process(es), DEEPSPEED" in log
+    [step] = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    assert step["frac_reward_zero_std"] == 0 and step["grad_norm"] > 0, step
+    trained = load_file(out / "model.safetensors")
+    built = yaml.safe_load((out / "recipe.yaml").read_text())["model_name_or_path"]
+    base = load_file(os.path.join(built, "model.safetensors"))
+    unchanged = [name for name, t in base.items() if t.equal(trained[name])]
+    assert not unchanged, unchanged
