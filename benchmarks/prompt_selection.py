@@ -48,7 +48,7 @@ from hf_grpo.tiny import build_model, build_tokenizer, warm_start
 from hf_grpo.trainer import GRPOTrainer
 
 
-def make_trainer(arm: str, lr: float, model, tokenizer, train, out: str, seed: int, generations: int = 2):
+def make_trainer(arm, lr, model, tokenizer, train, out: str, seed: int, generations: int = 2, target: float = 0.75):
     common = dict(
         output_dir=out,
         per_device_train_batch_size=256,
@@ -81,7 +81,11 @@ def make_trainer(arm: str, lr: float, model, tokenizer, train, out: str, seed: i
         cls = trl.GRPOTrainer
     else:
         args = HfGRPOConfig(
-            **common, dynamic_sampling=True, max_generation_batches=16, prompt_selection=arm == "ds+sel"
+            **common,
+            dynamic_sampling=True,
+            max_generation_batches=16,
+            prompt_selection=arm == "ds+sel",
+            prompt_selection_target=target,
         )
         cls = GRPOTrainer
     trainer = cls(
@@ -105,7 +109,8 @@ def make_trainer(arm: str, lr: float, model, tokenizer, train, out: str, seed: i
 
 def run_arm(arm, lr, seed, setup, args) -> dict:
     model, tokenizer, train, grade, start_grades, target = setup
-    trainer = make_trainer(arm, lr, model, tokenizer, train, f"{args.out}/{arm}-{lr}-{seed}", seed, args.generations)
+    out = f"{args.out}/{arm}-{lr}-{seed}"
+    trainer = make_trainer(arm, lr, model, tokenizer, train, out, seed, args.generations, args.selection_target)
     counts: list[int] = []
 
     def accuracy(m) -> float:
@@ -171,7 +176,7 @@ def side_by_side(args) -> list[str]:
     shared = ["--budget", str(args.budget), "--lr", str(args.lr), "--target-gain", str(args.target_gain)]
     shared += ["--smooth", str(args.smooth), "--eval-every", str(args.eval_every), "--eval-size", str(args.eval_size)]
     shared += ["--generations", str(args.generations), "--train-size", str(args.train_size)]
-    shared += ["--out", args.out, "--threads", "1"]
+    shared += ["--selection-target", str(args.selection_target), "--out", args.out, "--threads", "1"]
     shared += ["--stock-lrs", *map(str, args.stock_lrs)]
     rows_dir = Path(args.out) / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
@@ -206,6 +211,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-size", type=int, default=500)
     parser.add_argument("--generations", type=int, default=2, help="num_generations (recipes/tiny.yaml: 2)")
+    parser.add_argument(
+        "--selection-target", type=float, default=0.75, help="the ds+sel arm's prompt_selection_target"
+    )
     parser.add_argument(
         "--train-size", type=int, default=4000, help="training problems (recipes/tiny.yaml: 4000; fewer: more epochs)"
     )
