@@ -48,6 +48,12 @@ def recipe_values(recipe) -> dict:
     return yaml.safe_load(recipe.read_text())
 
 
+def trained_and_built(out) -> tuple[dict, dict]:
+    """A full fine-tune's saved weights and those of the model the miniature built (its ``model_name_or_path``)."""
+    built = yaml.safe_load((out / "recipe.yaml").read_text())["model_name_or_path"]
+    return load_file(out / "model.safetensors"), load_file(os.path.join(built, "model.safetensors"))
+
+
 def assert_trained(out, values: dict, history: list[dict]) -> None:
     """The policy's weights moved: the LoRA B matrices left zero, or the full model differs from the built one.
 
@@ -60,9 +66,7 @@ def assert_trained(out, values: dict, history: list[dict]) -> None:
         adapter = load_file(out / "adapter_model.safetensors")
         assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name), "LoRA B never moved"
         return
-    trained = load_file(out / "model.safetensors")
-    built = yaml.safe_load((out / "recipe.yaml").read_text())["model_name_or_path"]  # the miniature's own model
-    base = load_file(os.path.join(built, "model.safetensors"))
+    trained, base = trained_and_built(out)
     changed = [name for name, t in trained.items() if name in base and not t.equal(base[name])]
     assert set(base) <= set(trained), "the saved model lacks weights of the built one"
     if any(r["frac_reward_zero_std"] < 1 for r in history):  # a group with a learning signal
@@ -155,8 +159,6 @@ def test_zero3_full_fine_tune_moves_every_weight(tmp_path, cache_env):
     assert "training on 2 process(es), DEEPSPEED" in log
     [step] = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
     assert step["frac_reward_zero_std"] == 0 and step["grad_norm"] > 0, step
-    trained = load_file(out / "model.safetensors")
-    built = yaml.safe_load((out / "recipe.yaml").read_text())["model_name_or_path"]
-    base = load_file(os.path.join(built, "model.safetensors"))
+    trained, base = trained_and_built(out)
     unchanged = [name for name, t in base.items() if t.equal(trained[name])]
     assert not unchanged, unchanged

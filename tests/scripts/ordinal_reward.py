@@ -2,8 +2,8 @@
 
 Each completion of a process's batch gets its position in that batch, so no group's rewards are all equal and every
 step has a nonzero policy gradient. It needs the whole batch in one call: run it with ``reward_isolation: false``
-(isolated, each completion is scored on its own). Used where a test must see weights move and the tiny policy may answer every
-sample of a step wrong (tests/test_miniatures.py).
+(isolated, each completion is scored on its own). Used where a test must see weights move and the tiny policy may
+answer every sample of a step wrong (tests/test_miniatures.py).
 """
 
 
