@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .generation.layout import format_env_command, pinned, server_command, train
 from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
 from .process_layout import Layout, accelerate_command, unnamed_node_message
+from .stopping import StopSignal, handle_stop_signals
 from .watchdog import Watchdog, ask_group_to_stop, signal_group  # each launch leads its own group (start_new_session)
 
 
@@ -86,18 +88,17 @@ def inside_launch() -> bool:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def stop_like_ctrl_c() -> None:
+def stop_like_ctrl_c() -> Callable[[], None]:
     """In a training process: SIGTERM (a scheduler, a closed terminal) raises KeyboardInterrupt as Ctrl-C does, so
     the run ends with its crash log and one line, its reward workers and lock released. Under a launch (accelerate,
     torchrun), Linux also sends it SIGTERM when its launching parent dies (``PR_SET_PDEATHSIG``): SIGTERM to
-    ``accelerate launch`` itself, which exits at once, orphans no training process."""
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)
+    ``accelerate launch`` itself, which exits at once, orphans no training process. SIGINT raises the same
+    ``StopSignal``, so either ends with status 130 wherever it lands (``hf_grpo.stopping``). Returns what puts the
+    previous handlers back."""
+    restore = handle_stop_signals()
     if inside_launch() and sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    return restore
 
 
 MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node's address when none is given
@@ -229,12 +230,8 @@ def run_launcher(recipe, argv: list[str]) -> int:
     for command in commands:
         command.argv = resolve_program(command.argv)
     server, children = None, []
-
-    def terminate(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
     watchdog = Watchdog(WATCHDOG_GRACE_S)
-    previous, previous_int = signal.signal(signal.SIGTERM, terminate), signal.getsignal(signal.SIGINT)
+    restore_handlers = handle_stop_signals()
     try:
         for command in commands:
             if command.role == "server":
@@ -269,8 +266,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
         if server is not None:
             server.stop()
         watchdog.dismiss()  # only now: should stopping be cut short, the watchdog finishes it
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        restore_handlers()
 
 
 def quiet(argv: list[str], recipe) -> list[str]:
@@ -334,7 +330,7 @@ def _wait_all(children, stop: list[int]) -> int:
 
     while True:
         if stop:
-            raise KeyboardInterrupt(f"signal {stop[0]}")
+            raise StopSignal(stop[0])
         codes = [child.poll() for child in children]
         failed = [code for code in codes if code not in (None, 0)]
         if failed:

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             "`python -m hf_grpo.train RECIPE` instead of `accelerate launch`, or start the server yourself and set "
             "generation.base_url"
         )
-    stop_like_ctrl_c()  # SIGTERM, or the death of `accelerate launch`: the one line below, nothing left running
+    restore_handlers = stop_like_ctrl_c()  # SIGTERM, or `accelerate launch` dying: the one line below, nothing left
     try:
         run(recipe)
     except RecipeError as exc:  # found by the checks run() makes before loading (the checkpoint to resume from)
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             raise
         return peer_gone(recipe, passthrough, exc)
     finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
+        restore_handlers()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return 0
 

@@ -30,6 +30,7 @@ from .generation.overlap import Lookahead
 from .progress import enabled_for
 from .rewards.health import RewardHealth
 from .selection import PromptHistory, Selector
+from .stopping import raise_if_stopped
 
 
 __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
@@ -159,7 +160,9 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _timed(self, phase: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``, its seconds added to this training step's ``phase`` (not in evaluation, which would
-        land in the next step's ``time/*``); what ``fn`` raises propagates unchanged, even on a half-built trainer."""
+        land in the next step's ``time/*``); what ``fn`` raises propagates unchanged, even on a half-built trainer.
+        Each phase starts at a safe point for a stop signal that a library dropped (``hf_grpo.stopping``)."""
+        raise_if_stopped()
         if not getattr(getattr(self, "model", None), "training", False):
             return fn(*args, **kwargs)
         start = time.perf_counter()

@@ -122,9 +122,13 @@ def _worker_main(conn, preload: Sequence[str], initializer: Callable[[], None] |
         try:
             initializer()
         except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it if no worker can start
-            conn.send(("init_error", "".join(traceback.format_exception(exc))))
+            with contextlib.suppress(OSError):  # the parent is gone
+                conn.send(("init_error", "".join(traceback.format_exception(exc))))
             return
-    conn.send(("ready", os.getpid(), failed_imports))
+    try:
+        conn.send(("ready", os.getpid(), failed_imports))
+    except OSError:  # the parent closed the pool (a stop signal) while this worker started: nothing to say
+        return
 
     fn_blob, fn, load_error = None, None, None
     while True:

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hf_grpo"
 
 # Bottom to top, as in README's layout section. A name covers the module and, for a package, everything in it.
 LAYERS = [
-    ["run_files", "progress", "watchdog", "crash_log", "hub_token", "config", "run_lock"],
+    ["run_files", "progress", "watchdog", "crash_log", "hub_token", "config", "run_lock", "stopping"],
     [
         "data",
         "rewards",

@@ -10,6 +10,8 @@ import contextlib
 import functools
 import logging
 import os
+import subprocess
+import sys
 import time
 
 import psutil
@@ -278,6 +280,18 @@ def test_close_leaves_no_processes():
     assert not [p for p in _descendants() if p.pid not in before and _is_zombie(p)]
     with pytest.raises(RuntimeError, match="closed"):
         reward(completions=["a"])
+
+
+def test_a_worker_starting_after_its_pool_closed_leaves_without_a_traceback():
+    """A stop signal while the pool started its workers: the parent closed their pipes, and a worker saying "ready"
+    printed a BrokenPipeError traceback under the run's one stop line. It now leaves quietly (a subprocess: a worker
+    takes a process group of its own)."""
+    code = (
+        "import multiprocessing; from hf_grpo.workers import _worker_main; "
+        "parent, child = multiprocessing.Pipe(); parent.close(); _worker_main(child, [], None)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

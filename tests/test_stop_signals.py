@@ -86,7 +86,7 @@ def test_sigterm_during_the_evaluation_before_training_ends_with_one_line(tmp_pa
         assert wait_until(lambda: run.poll() is not None or training(out), 240), err.read_text()[-3000:]
         assert run.poll() is None and not (out / "eval_before.jsonl").exists(), err.read_text()[-3000:]
         run.send_signal(signal.SIGTERM)
-        assert run.wait(timeout=120) == 130
+        assert run.wait(timeout=120) == 130, err.read_text()[-4000:]
         assert wait_until(lambda: not marked_processes(mark), 60), marked_processes(mark)
     finally:
         kill_marked(mark)
@@ -108,7 +108,7 @@ def test_sigint_twice_to_the_launcher_stops_at_once_without_a_traceback(tmp_path
         launcher.send_signal(signal.SIGINT)
         time.sleep(0.5)  # the second press; whenever it comes, it must not raise
         launcher.send_signal(signal.SIGINT)
-        assert launcher.wait(timeout=120) == 130
+        assert launcher.wait(timeout=120) == 130, err.read_text()[-4000:]
         assert wait_until(lambda: not marked_processes(mark), 60), marked_processes(mark)
     finally:
         kill_marked(mark)

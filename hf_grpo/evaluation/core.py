@@ -22,6 +22,7 @@ from ..rewards import RewardArguments
 from ..rewards.functions import GRADED_REWARDS, grade_completion
 from ..rewards.grading import GRADES
 from ..rewards.wrapper import RewardPool
+from ..stopping import raise_if_stopped
 from ..workers import Result, default_num_workers
 
 
@@ -100,6 +101,7 @@ def generate(
     outputs: list[list[str]] = []
     with progress_bar(len(prompts), desc, enabled=progress, unit="problem", leave=False) as bar:
         for start in range(0, len(prompts), batch_size):
+            raise_if_stopped()  # a stop signal that a library dropped (hf_grpo.stopping)
             chunk = [prompt_token_ids(tokenizer, p, chat_template_kwargs) for p in prompts[start : start + batch_size]]
             width = max(len(ids) for ids in chunk)
             input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
