@@ -30,36 +30,6 @@ from .helpers.launching import (
 )
 
 
-def stop_status(*argv: str) -> tuple[int, str]:
-    """Exit status and stderr of ``python -m tests.scripts.stop_inside_exec ARGV``."""
-    argv = [sys.executable, "-m", "tests.scripts.stop_inside_exec", *argv]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
-    return done.returncode, done.stderr
-
-
-@pytest.mark.subprocess
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
-def test_a_stop_signal_landing_inside_an_exec_still_exits_130(signame):
-    """A SIGTERM that landed while an import built a dataclass (an ``exec`` of a string) made ``python -m
-    hf_grpo.train`` print its stop line, return 130, and then die by SIGINT (-2): CPython marks a plain
-    KeyboardInterrupt that leaves an exec as unhandled. The handlers raise ``StopSignal``, which it does not mark."""
-    if stop_status(signame, "exec", "--plain")[0] != -signal.SIGINT:
-        pytest.skip("this CPython does not end a handled plain KeyboardInterrupt from an exec by SIGINT")
-    assert stop_status(signame, "exec") == (130, "")
-
-
-@pytest.mark.subprocess
-@pytest.mark.parametrize("where", ["callback", "bare-except"])
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
-def test_a_stop_signal_that_python_or_a_library_dropped_is_raised_at_the_next_safe_point(signame, where):
-    """A SIGTERM that landed in a module lock's weakref callback during an import ("Exception ignored") or in
-    datasets' bare ``except:`` while it hashed a transform was dropped, and the run trained on. The next safe point
-    (each training phase, each evaluation batch) now raises it, with nothing printed."""
-    status, stderr = stop_status(signame, where, "--plain")
-    assert (status, "Exception ignored" in stderr) == (0, where == "callback"), stderr  # the control: lost
-    assert stop_status(signame, where) == (130, "")
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # End to end: the command line, the launcher and a server that dies
 
