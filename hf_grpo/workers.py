@@ -19,6 +19,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import pickle
 import signal
@@ -182,6 +183,20 @@ def _main_module_hidden():
         sys.modules["__main__"] = real
 
 
+@contextlib.contextmanager
+def _sigint_held():
+    """SIGINT blocked in this thread while a process starts. A fresh interpreter started meanwhile (the fork server,
+    a "spawn" worker) inherits the mask, so a Ctrl-C to the process group while it initializes, before it ignores
+    SIGINT, stays pending instead of killing it with "Fatal Python error: init_sys_streams" and a traceback on the
+    run's console (CPython's resource tracker starts the same way). This thread gets a SIGINT when it is unblocked."""
+    multiprocessing.resource_tracker.ensure_running()  # first: starting, it unblocks SIGINT instead of restoring
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class _Worker:
     """One worker process as the parent sees it: its pipe, the task ids it is running and its deadline."""
 
@@ -193,7 +208,8 @@ class _Worker:
             name=f"hf_grpo-{name}-worker-{slot}",
             daemon=True,
         )
-        self.process.start()
+        with _sigint_held():
+            self.process.start()
         child_conn.close()
         self.conn = parent_conn
         self.pid = self.process.pid
