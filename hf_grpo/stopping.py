@@ -40,9 +40,12 @@ class StopSignal(KeyboardInterrupt):
 
 
 def raise_stop(signum, frame):
-    """A signal handler: remember the stop, and raise ``StopSignal`` where the process is."""
+    """A signal handler: remember the stop, and raise ``StopSignal`` where the process is for the first one only. A
+    second one would land in the stop's own cleanup (the crash log, the reward workers, the lock) and end the run
+    with a traceback: torchrun's agent forwards the launcher's SIGINT to a training process that got it already."""
     _received.append(signum)
-    raise StopSignal(signum)
+    if len(_received) == 1:
+        raise StopSignal(signum)
 
 
 def raise_if_stopped() -> None:

@@ -6,6 +6,7 @@ that Python or a library dropped is raised at the next safe point, which trainin
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hf_grpo.stopping import StopSignal, handle_stop_signals
 from hf_grpo.trainer import GRPOTrainer
 
 from .helpers.common import REPO
+from .scripts.stop_inside_exec import wait_for_the_handler
 
 
 def stop_status(*argv: str) -> tuple[int, str]:
@@ -75,6 +77,26 @@ def test_each_evaluation_batch_starts_at_a_safe_point(dropped_stop):
     model = SimpleNamespace(training=False, eval=lambda: None, parameters=lambda: iter([torch.zeros(1)]))
     with pytest.raises(StopSignal):
         generate(model, tokenizer=None, prompts=["1+1="], max_new_tokens=4)  # tokenizer=None: never reached
+
+
+def test_a_second_signal_does_not_interrupt_the_stop():
+    """torchrun's agent forwards the launcher's SIGINT to training processes that received it already: raised again,
+    it would land in the stop's cleanup (the except clause here) and end the run with a traceback."""
+    restore = handle_stop_signals()
+    try:
+        with pytest.raises(StopSignal):
+            os.kill(os.getpid(), signal.SIGINT)
+            wait_for_the_handler()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the agent's copy, during the cleanup
+            wait_for_the_handler()
+        except KeyboardInterrupt:
+            pytest.fail("the second signal was raised in the cleanup")
+        assert stopping._received == [signal.SIGINT, signal.SIGINT]
+        with pytest.raises(StopSignal):  # a safe point still stops
+            stopping.raise_if_stopped()
+    finally:
+        restore()
 
 
 def test_restore_forgets_the_stop_and_puts_the_handlers_back():
