@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -20,14 +19,13 @@ from hf_grpo.evaluation.core import generate
 from hf_grpo.stopping import StopSignal, handle_stop_signals
 from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import REPO
+from .helpers.common import run_module
 from .scripts.stop_inside_exec import wait_for_the_handler
 
 
 def stop_status(*argv: str) -> tuple[int, str]:
     """Exit status and stderr of ``python -m tests.scripts.stop_inside_exec ARGV``."""
-    argv = [sys.executable, "-m", "tests.scripts.stop_inside_exec", *argv]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+    done = run_module("tests.scripts.stop_inside_exec", *argv)
     return done.returncode, done.stderr
 
 
