@@ -10,8 +10,6 @@ import contextlib
 import functools
 import logging
 import os
-import subprocess
-import sys
 import time
 
 import psutil
@@ -280,42 +278,6 @@ def test_close_leaves_no_processes():
     assert not [p for p in _descendants() if p.pid not in before and _is_zombie(p)]
     with pytest.raises(RuntimeError, match="closed"):
         reward(completions=["a"])
-
-
-def test_a_worker_starting_after_its_pool_closed_leaves_without_a_traceback():
-    """A stop signal while the pool started its workers: the parent closed their pipes, and a worker saying "ready"
-    printed a BrokenPipeError traceback under the run's one stop line. It now leaves quietly (a subprocess: a worker
-    takes a process group of its own)."""
-    code = (
-        "import multiprocessing; from hf_grpo.workers import _worker_main; "
-        "parent, child = multiprocessing.Pipe(); parent.close(); _worker_main(child, [], None)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
-    assert (done.returncode, done.stderr) == (0, "")
-
-
-FORK_SERVER_MASK = """
-import multiprocessing.forkserver, signal
-from pathlib import Path
-from hf_grpo.workers import WorkerPool
-
-with WorkerPool(num_workers=1):
-    server = multiprocessing.forkserver._forkserver._forkserver_pid
-    blocked = [line for line in Path(f"/proc/{server}/status").read_text().splitlines() if line.startswith("SigBlk")]
-    print(int(blocked[0].split()[1], 16) >> (signal.SIGINT - 1) & 1, signal.SIGINT in signal.pthread_sigmask(0, []))
-"""
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the fork server's signal mask in /proc")
-def test_the_fork_server_starts_with_sigint_held():
-    """Ctrl-C (the launcher's SIGINT to a launch's process group) while a training process started its reward
-    workers' fork server killed the server mid-initialization: "Fatal Python error: init_sys_streams" and a
-    KeyboardInterrupt traceback under the stop line. The server now starts with SIGINT blocked (it ignores SIGINT
-    once running); the caller's mask is as before."""
-    done = subprocess.run(
-        [sys.executable, "-c", FORK_SERVER_MASK], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    assert done.stdout.split() == ["1", "False"], done.stderr[-2000:]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

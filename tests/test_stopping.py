@@ -1,5 +1,6 @@
 """Stop signals (``hf_grpo.stopping``): SIGINT and SIGTERM end a run with status 130 wherever they land, and a stop
-that Python or a library dropped is raised at the next safe point, which training and evaluation reach often.
+that Python or a library dropped is raised at the next safe point, which training and evaluation reach often. Reward
+workers starting while a run stops leave without a traceback.
 
     .venv/bin/python -m pytest -q tests/test_stopping.py
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -19,7 +21,7 @@ from hf_grpo.evaluation.core import generate
 from hf_grpo.stopping import StopSignal, handle_stop_signals
 from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import run_module
+from .helpers.common import REPO, run_module
 from .scripts.stop_inside_exec import wait_for_the_handler
 
 
@@ -105,3 +107,43 @@ def test_restore_forgets_the_stop_and_puts_the_handlers_back():
     restore()
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook) == before
     stopping.raise_if_stopped()  # nothing pending: no raise
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reward workers while a run stops
+
+
+def test_a_worker_starting_after_its_pool_closed_leaves_without_a_traceback():
+    """A stop signal while the pool started its workers: the parent closed their pipes, and a worker saying "ready"
+    printed a BrokenPipeError traceback under the run's one stop line. It now leaves quietly (a subprocess: a worker
+    takes a process group of its own)."""
+    code = (
+        "import multiprocessing; from hf_grpo.workers import _worker_main; "
+        "parent, child = multiprocessing.Pipe(); parent.close(); _worker_main(child, [], None)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+FORK_SERVER_MASK = """
+import multiprocessing.forkserver, signal
+from pathlib import Path
+from hf_grpo.workers import WorkerPool
+
+with WorkerPool(num_workers=1):
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    blocked = [line for line in Path(f"/proc/{server}/status").read_text().splitlines() if line.startswith("SigBlk")]
+    print(int(blocked[0].split()[1], 16) >> (signal.SIGINT - 1) & 1, signal.SIGINT in signal.pthread_sigmask(0, []))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the fork server's signal mask in /proc")
+def test_the_fork_server_starts_with_sigint_held():
+    """Ctrl-C (the launcher's SIGINT to a launch's process group) while a training process started its reward
+    workers' fork server killed the server mid-initialization: "Fatal Python error: init_sys_streams" and a
+    KeyboardInterrupt traceback under the stop line. The server now starts with SIGINT blocked (it ignores SIGINT
+    once running); the caller's mask is as before."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SERVER_MASK], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.stdout.split() == ["1", "False"], done.stderr[-2000:]
