@@ -38,8 +38,6 @@ __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
 
 logger = logging.getLogger(__name__)
 
-ROW_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")  # TRL's losses whose normaliser counts rows (_compute_loss)
-
 
 class GRPOTrainer(trl.GRPOTrainer):
     """``trl.GRPOTrainer`` with dynamic sampling, leave-one-out advantages and per-phase metrics.
@@ -247,13 +245,16 @@ class GRPOTrainer(trl.GRPOTrainer):
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss. The loss types that average over rows count dynamic sampling's fill rows (masked out) as rows,
-        scaling the real rows' gradient by real / all rows: rescaled here to the real rows."""
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        filled = inputs.get("filled")  # [rows of this micro-batch]
-        if filled is not None and self.loss_type in ROW_MEAN_LOSSES:
-            loss = loss * filled.numel() / (~filled).sum().clamp(min=1)
-        return loss
+        """TRL's loss on the micro-batch without dynamic sampling's fill rows (``filled``: its rounds ran out and
+        ``dynamic_sampling_exhausted: fill`` padded the batch). Their completion mask is zero, but the losses that
+        average over rows (``grpo``, ``sapo``, ``dr_grpo``, ``luspo``) would still count them, diluting the real rows'
+        policy term by real / all rows; dropping the rows fixes that term alone, while the entropy bonus (a token mean)
+        and the router aux loss stay as TRL computes them, and the fill rows cost no forward or backward."""
+        filled = inputs.get("filled")  # [R] rows of this micro-batch
+        if filled is not None and filled.any() and not filled.all():  # all filled: nothing to train on, loss ~0
+            rows, real = filled.numel(), ~filled
+            inputs = {k: v[real] if _per_row(v, rows) else v for k, v in inputs.items()}  # [R_real, ...]
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """transformers' hook that takes an optimizer step's batches; overlapped generation reads ahead of it."""
@@ -394,3 +395,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._ahead.load(checkpoint, rank)
         state = sampler.stream.state()
         logger.info("restored dynamic sampling state: %d carried groups, prompt stream %s", len(sampler.pool), state)
+
+
+def _per_row(value, rows: int) -> bool:
+    """Whether ``value`` is a tensor with one entry per row of a micro-batch of ``rows`` rows (not a scalar)."""
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == rows

@@ -6,7 +6,9 @@ attributes we read.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 
 import pytest
 import torch
@@ -164,23 +166,69 @@ def test_trainer_attributes_we_read(stock):
         assert hasattr(trainer, attribute), attribute
 
 
+# The keys of TRL's scored batch that dynamic sampling re-assembles (hf_grpo.dynamic_sampling.collate_groups), and the
+# image keys it never sees (dynamic sampling and overlap refuse vision models: GRPOTrainer._text_only_problems).
+TEXT_BATCH_KEYS = {
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "num_items_in_batch",
+    "old_per_token_logps",
+    "importance_sampling_ratio",
+    "sampling_per_token_logps",
+    "ref_per_token_logps",
+    "tool_mask",
+}
+IMAGE_BATCH_KEYS = {
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+    "num_images",
+    "num_tiles",
+}
+
+
+def scored_batch_keys() -> set[str]:
+    """Every key TRL's _generate_and_score_completions puts in the batch it returns: the ``output = {...}`` literal's
+    keys and every ``output["key"] = ...`` after it, read from TRL's source with ast."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(trl.GRPOTrainer._generate_and_score_completions)))
+    keys = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name) and target.id == "output" and isinstance(node.value, ast.Dict):
+                keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+            elif isinstance(target, ast.Subscript) and getattr(target.value, "id", None) == "output":
+                keys.add(target.slice.value)
+    return keys
+
+
 def test_scored_batch_keys_are_the_ones_dynamic_sampling_knows():
-    # dynamic sampling re-assembles TRL's scored batch; a new per-row key would need handling in hf_grpo.dynamic_sampling
-    source = inspect.getsource(trl.GRPOTrainer._generate_and_score_completions)
-    for key in (
-        "prompt_ids",
-        "prompt_mask",
-        "completion_ids",
-        "completion_mask",
-        "advantages",
-        "num_items_in_batch",
-        "old_per_token_logps",
-        "importance_sampling_ratio",
-        "sampling_per_token_logps",
-        "ref_per_token_logps",
-        "tool_mask",
-    ):
-        assert f'"{key}"' in source, key
+    # a key TRL adds to (or drops from) its scored batch fails here: dynamic sampling would need to handle it
+    found = scored_batch_keys()
+    assert found, "TRL's scored batch is no longer built as `output = {...}`: read it again"
+    assert found == TEXT_BATCH_KEYS | IMAGE_BATCH_KEYS, (
+        f"new: {sorted(found - TEXT_BATCH_KEYS - IMAGE_BATCH_KEYS)}, gone: {sorted(TEXT_BATCH_KEYS | IMAGE_BATCH_KEYS - found)}"
+    )
+
+
+def test_the_key_reader_sees_a_key_added_to_the_batch(monkeypatch):
+    # the reader above on a version of TRL's method with one more key: what an upgrade adding one would look like
+    def _generate_and_score_completions(self, inputs):
+        output = {"prompt_ids": 1}
+        output["new_per_row_key"] = 2
+        return output
+
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", _generate_and_score_completions)
+    assert scored_batch_keys() == {"prompt_ids", "new_per_row_key"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -330,3 +378,22 @@ def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type
     padded = trainer.compute_loss(trainer.model, with_fill_group(output))
     assert padded.item() == pytest.approx(real.item(), rel=1e-5, abs=1e-7)
     assert real.abs().item() > 1e-6  # a loss that could differ
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "sapo", "dr_grpo", "luspo"])
+def test_fill_rows_leave_the_entropy_bonus_as_it_is(scored, loss_type):
+    """With zero advantages and beta 0 the loss is the entropy bonus alone, a mean over completion tokens: fill rows
+    (no tokens) must not change it. Rescaling TRL's whole loss to the real rows inflated it by all / real rows."""
+    trainer, output = scored
+    trainer.loss_type, trainer.current_gradient_accumulation_steps = loss_type, 1
+    trainer.model.train()
+    output = {**output, "advantages": torch.zeros_like(output["advantages"])}
+    saved = trainer.beta, trainer.entropy_coef, trainer._entropy_bonus_enabled
+    trainer.beta, trainer.entropy_coef, trainer._entropy_bonus_enabled = 0.0, 0.5, True
+    try:
+        plain = trainer.compute_loss(trainer.model, output)
+        padded = trainer.compute_loss(trainer.model, with_fill_group(output, groups=2))
+    finally:
+        trainer.beta, trainer.entropy_coef, trainer._entropy_bonus_enabled = saved
+    assert plain.abs().item() > 1e-4  # the bonus is there to be inflated
+    assert padded.item() == pytest.approx(plain.item(), rel=1e-5)
