@@ -11,6 +11,7 @@ uploaded files with the same helpers. What each section holds: ``docs/model_card
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,19 @@ from .evaluation.summary import eval_table, gain_interval, gain_sentence
 from .local_models import PACKAGED_MODELS
 from .recipe import load_yaml
 from .results import RunResult, as_run_result, run_kind
-from .run_files import PLOT_FILE, RECIPE_FILE
+from .run_files import PLOT_FILE, RECIPE_FILE, foreign_file, write_text
 
 
+logger = logging.getLogger(__name__)
 CARD_FILE = "README.md"
+CARD_MARKER = "<!-- model card written by hf_grpo (hf_grpo.card) -->"
+# A README.md holding one is the run's: our card (older ones: the sentence), TRL's checkpoint draft, PEFT's blank one
+CARD_SIGNS = (
+    CARD_MARKER,
+    "with hf_grpo, a recipe-driven trainer built on",
+    "It has been trained using [TRL](https://github.com/huggingface/trl).",
+    "# Model Card for Model ID",
+)
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 TAGS = ["trl", "grpo", "hf_grpo", "math"]
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -445,6 +455,7 @@ def model_card(
     card = ModelCard.from_template(
         data,
         template_path=str(TEMPLATE),
+        marker=CARD_MARKER,
         title=ref.split("/")[-1],
         kind=kind,
         merged=merged,
@@ -473,11 +484,14 @@ def model_card(
     return scrub_paths(str(card))
 
 
-def write_local_card(run: RunResult | str | Path) -> Path:
-    """Write the model card into the run's ``README.md``, replacing the blank template PEFT's ``save_pretrained``
-    leaves there; ``hf_grpo.pipeline`` calls it on the main process at the end of a run. The card is the one ``push``
-    uploads, with the repository id not known yet (``model_card`` without ``repo_id``)."""
+def write_local_card(run: RunResult | str | Path) -> Path | None:
+    """Write the model card into the run's ``README.md``, replacing the draft TRL or PEFT leaves there;
+    ``hf_grpo.pipeline`` calls it on the main process at the end of a run. The card is the one ``push`` uploads, with
+    the repository id not known yet (``model_card`` without ``repo_id``). A ``README.md`` hf_grpo did not write
+    (``CARD_SIGNS``) is left as it is, with a warning; None then."""
     run = as_run_result(run)
     path = run.output_dir / CARD_FILE
-    path.write_text(model_card(run))
-    return path
+    if foreign_file(path, CARD_SIGNS) is not None:
+        logger.warning("%s was not written by hf_grpo: left as it is, and the model card is not written there", path)
+        return None
+    return write_text(path, model_card(run))

@@ -3,14 +3,19 @@
 transformers writes ``checkpoint-N`` file by file, each process its own files, with no marker at the end: a run
 stopped while saving leaves a directory that ``get_last_checkpoint`` still picks, and the resume then fails after the
 model has loaded. Here, once every process has written its files (after a barrier), the main process writes a manifest,
-``hf_grpo_checkpoint.json``, last and atomically: the process count, whether the dynamic-sampling state is in it, and
-the size of every file any process wrote. A checkpoint is complete when its manifest exists and every listed file has
-its size: on nodes that do not share ``output_dir``, no node's copy is.
+``hf_grpo_checkpoint.json``, last and atomically: the process count, which sampling state is in it (``FEATURES``:
+dynamic sampling, prompt selection, overlap's rounds; ``mid_cycle``: TRL's generation batch), and the size of every
+file any process wrote. A checkpoint is complete when its manifest exists and every listed file has its size: on
+nodes that do not share ``output_dir``, no node's copy is (a node where no process wrote gets the folder with the
+manifest alone).
 
 ``resume_from_checkpoint: auto`` takes the newest complete checkpoint and logs the ones it skipped and why; an explicit
 path that is incomplete or damaged is an error naming the file and the newest complete checkpoint, raised before any
 model loads (a path with no manifest but with transformers' ``trainer_state.json``, from another program, is taken
-unchecked, with a warning). A dynamic-sampling checkpoint carries each process's groups, so it resumes only on as many processes.
+unchecked, with a warning). A checkpoint with per-process sampling state resumes only on as many processes. A sampling
+feature turned on or off since the checkpoint was saved starts fresh (or its saved state is dropped), and a generation
+batch saved by another number of processes is generated anew, each with a warning before any model loads
+(``sampling_changes``).
 """
 
 from __future__ import annotations
@@ -22,13 +27,21 @@ import re
 import shutil
 from pathlib import Path
 
-from .run_files import RECIPE_FILE
+from .run_files import CHECKPOINT_MANIFEST, RECIPE_FILE
 
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "hf_grpo_checkpoint.json"
+MANIFEST = CHECKPOINT_MANIFEST
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# The sampling features whose per-process state a checkpoint may hold, each a manifest key (true or false), with what
+# that state is. The manifest's ``mid_cycle`` says it holds TRL's generation batch too (per process), saved when it
+# falls inside a generation cycle (``steps_per_generation x num_iterations`` micro-batches).
+FEATURES = {
+    "dynamic_sampling": "dynamic-sampling groups",
+    "prompt_selection": "prompt-selection history",
+    "overlap": "rounds generated ahead",
+}
 
 
 class CheckpointError(ValueError):
@@ -46,17 +59,31 @@ def listing(folder: str | os.PathLike) -> dict[str, int]:
 
 
 def write_manifest(
-    folder: str | os.PathLike, num_processes: int, dynamic_sampling: bool, seen: list[dict[str, int]] = ()
+    folder: str | os.PathLike,
+    num_processes: int,
+    dynamic_sampling: bool,
+    seen: list[dict[str, int]] = (),
+    *,
+    prompt_selection: bool = False,
+    overlap: bool = False,
+    mid_cycle: bool = False,
 ) -> None:
     """Mark ``folder`` complete: call after every process has written its files. ``seen``: what each process saw
     there (``listing``, gathered); the manifest lists all of it, so a node that does not share the folder with the
-    others finds their files missing instead of resuming from its own fragments."""
+    others finds their files missing instead of resuming from its own fragments. The flags: ``FEATURES`` and
+    ``mid_cycle``.
+
+    A node where no process wrote a file (nodes that do not share ``output_dir``, ``save_only_model: true``) has no
+    folder yet: it gets one holding the manifest alone, which lists the other nodes' files, so it is incomplete there.
+    """
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     run_recipe = folder.parent / RECIPE_FILE
     if run_recipe.is_file():  # the recipe this checkpoint was trained with, compared before a resume
         shutil.copyfile(run_recipe, folder / RECIPE_FILE)
     files = sorted({name: size for view in (*seen, listing(folder)) for name, size in view.items()}.items())
-    manifest = {"num_processes": num_processes, "dynamic_sampling": dynamic_sampling, "files": dict(files)}
+    flags = {"dynamic_sampling": dynamic_sampling, "prompt_selection": prompt_selection, "overlap": overlap}
+    manifest = {"num_processes": num_processes, **flags, "mid_cycle": mid_cycle, "files": dict(files)}
     tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"  # each node's writer its own (nodes that do not share write both)
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -65,15 +92,23 @@ def write_manifest(
     os.replace(tmp, folder / MANIFEST)
 
 
+def read_manifest(folder: str | os.PathLike) -> dict | None:
+    """The manifest of checkpoint ``folder``, None when it has none (another program wrote it)."""
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+
+
 def problem(folder: str | os.PathLike, num_processes: int | None = None) -> str | None:
     """Why ``folder`` cannot be resumed from on ``num_processes`` processes, or None when it can."""
     folder = Path(folder)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        return f"no {MANIFEST}: the run stopped while writing it (or another program wrote it)"
+        manifest = read_manifest(folder)
     except (OSError, ValueError) as exc:
         return f"{folder / MANIFEST} is unreadable ({exc})"
+    if manifest is None:
+        return f"no {MANIFEST}: the run stopped while writing it (or another program wrote it)"
     for name, size in manifest["files"].items():
         path = folder / name
         if not path.is_file():
@@ -81,12 +116,56 @@ def problem(folder: str | os.PathLike, num_processes: int | None = None) -> str 
         if path.stat().st_size != size:
             return f"{path} is {path.stat().st_size} bytes, {size} when it was saved (damaged)"
     saved = manifest["num_processes"]
-    if num_processes is not None and manifest["dynamic_sampling"] and saved != num_processes:
+    held = [what for key, what in FEATURES.items() if manifest.get(key)]
+    if num_processes is not None and held and saved != num_processes:
         return (
-            f"it holds the dynamic-sampling groups of {saved} training processes and this run has {num_processes}: "
+            f"it holds the {' and '.join(held)} of {saved} training processes and this run has {num_processes}: "
             f"resume with num_processes: {saved}"
         )
     return None
+
+
+_STARTS_FRESH = {  # feature -> (turned on since the checkpoint, turned off since)
+    "dynamic_sampling": (
+        "dynamic sampling starts fresh (no carried groups, its prompt stream from the start)",
+        "its carried groups are dropped",
+    ),
+    "prompt_selection": (
+        "prompt selection starts with an empty reward history",
+        "its reward history is dropped",
+    ),
+    "overlap": (
+        "overlap starts fresh (the next cycle's batch is generated when it starts)",
+        "the rounds it generated ahead are dropped and generated again",
+    ),
+}
+
+
+def sampling_changes(checkpoint: str | os.PathLike, current: dict[str, bool], num_processes: int) -> list[str]:
+    """One message per sampling feature (``FEATURES``) that ``current`` (this run's, by key) turns on or off against
+    what ``checkpoint`` was saved with, saying what the resumed run does instead: the feature starts fresh, or its
+    saved state is dropped; and one when the checkpoint holds TRL's generation batch of another number of processes
+    than ``num_processes``. Empty for a checkpoint without a manifest (nothing of hf_grpo's is in it)."""
+    manifest = read_manifest(checkpoint)
+    if manifest is None:
+        return []
+    changes = []
+    saved = manifest["num_processes"]
+    if manifest.get("mid_cycle") and saved != num_processes:
+        changes.append(
+            f"{checkpoint} was saved inside a generation cycle by {saved} training processes and this run has "
+            f"{num_processes}: that cycle's batch is generated anew, so the run does not continue exactly as it would "
+            "have"
+        )
+    for key in FEATURES:
+        saved, now = bool(manifest.get(key)), bool(current.get(key))
+        if saved != now:
+            turned_on, turned_off = _STARTS_FRESH[key]
+            changes.append(
+                f"{checkpoint} was saved with {key} {str(saved).lower()} and this run has {key}: "
+                f"{str(now).lower()}: {turned_on if now else turned_off}"
+            )
+    return changes
 
 
 def checkpoints(output_dir: str | os.PathLike) -> list[Path]:

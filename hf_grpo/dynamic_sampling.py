@@ -234,21 +234,22 @@ def load_state(checkpoint: str, rank: int, stream: PromptStream, device, overlap
     return pool
 
 
-def load_selection(checkpoint: str, rank: int) -> dict:
-    """Prompt selection's history as ``save_state`` wrote it into ``checkpoint`` (``selection.PromptHistory``)."""
-    path = os.path.join(checkpoint, STATE_FILE.format(rank=rank))
-    with open(path) as f:
-        selection = json.load(f).get("selection")
-    if selection is None:
-        raise ValueError(
-            f"{path} holds no prompt-selection history: the checkpoint was written with prompt_selection off; resume "
-            "with prompt_selection: false, or start a new run"
-        )
-    return selection
+def load_selection(checkpoint: str, rank: int) -> dict | None:
+    """Prompt selection's history as ``save_state`` wrote it into ``checkpoint`` (``selection.PromptHistory``); None
+    when it was saved with prompt selection off."""
+    with open(os.path.join(checkpoint, STATE_FILE.format(rank=rank))) as f:
+        return json.load(f).get("selection")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The rounds of one step
+
+
+class SamplingExhausted(RuntimeError):
+    """``dynamic_sampling_exhausted: error``: after ``max_generation_batches`` rounds a process still lacked groups
+    with varying rewards. Raised on every process at once (the count is gathered); ``hf_grpo.train`` ends the run
+    with one line and the resume command."""
+
 
 ScoreRound = Callable[[list[dict]], tuple[dict, torch.Tensor]]  # rows -> (TRL's scored batch, values [B*G global])
 OldLogps = Callable[[dict], torch.Tensor]  # a collated batch -> its completions' per-token log-probs [B, C]
@@ -398,7 +399,10 @@ class DynamicSampler:
                 "had all-equal rewards); the prompts are too easy or too hard for the policy"
             )
             if self.exhausted == "error":
-                raise RuntimeError(message + ". Raise max_generation_batches or set dynamic_sampling_exhausted: fill.")
+                raise SamplingExhausted(
+                    f"{message} (generating step {step}); raise max_generation_batches or set "
+                    "dynamic_sampling_exhausted: fill"
+                )
             logger.warning("%s; filled the batch with zero-advantage groups (step %d)", message, step - 1)
         return exhausted
 
@@ -409,5 +413,6 @@ class DynamicSampler:
     def load(self, checkpoint: str, rank: int) -> None:
         overlap = self.max_staleness is not None
         self.pool = load_state(checkpoint, rank, self.stream, self.accelerator.device, overlap=overlap)
-        if self.selector is not None:
-            self.selector.history.load_state_dict(load_selection(checkpoint, rank))
+        selection = load_selection(checkpoint, rank) if self.selector is not None else None
+        if selection is not None:  # else prompt selection starts with an empty history (resume_target warned)
+            self.selector.history.load_state_dict(selection)

@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 import yaml
 
-from .evaluation.checks import check_model, check_output
+from .evaluation.checks import check_max_new_tokens, check_model, check_output
 from .launch import apply_thread_policy
 from .rewards import RewardArguments
-from .run_files import RECIPE_FILE
+from .run_files import RECIPE_FILE, write_text
 
 
 # hf_grpo.evaluation.core's default, read here without importing torch: bad input fails before the heavy imports
@@ -78,7 +77,16 @@ def parse_args(argv: list[str] | None, prog: str = PROG):
     p.add_argument("--max-new-tokens", type=positive_int)
     p.add_argument("--num-samples", type=positive_int, default=1, help="k for pass@k (sampled), besides greedy pass@1")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
-    p.add_argument("--batch-size", type=positive_int, help="generation batch (default: the training run's, else 8)")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="problems per generate call (default: the training run's, at least 8 on a CPU and 64 on a GPU; halved "
+        "while a GPU runs out of memory)",
+    )
+    p.add_argument(
+        "--device",
+        help="cpu, cuda or cuda:N (default: cuda when torch sees a CUDA GPU, else cpu; --backend transformers)",
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
     p.add_argument("--output", help="write one JSON line per problem here")
@@ -92,7 +100,8 @@ def parse_args(argv: list[str] | None, prog: str = PROG):
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
-        help="progress bars on stderr for generation and grading (default: only when stderr is a terminal)",
+        help="progress bars on stderr for generation and grading (default: bars when stderr is a terminal, else a log "
+        "line on generation's progress every 30 s)",
     )
     return p.parse_args(argv)
 
@@ -154,6 +163,8 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
     recipe = Path(args.recipe) if args.recipe else find_recipe(Path(args.model))
     values = recipe_values(recipe)
     timeout = grade_timeout(args, values)
+    if args.max_new_tokens is not None:  # before the data and the model load, as training checks its length
+        check_max_new_tokens(args.model, args.max_new_tokens, args.trust_remote_code)
     # imported once the inputs are checked: the evaluation loads torch, transformers and datasets
     from .evaluation.saved_model import evaluate_saved
 
@@ -162,14 +173,7 @@ def evaluate_run(model: str, args: argparse.Namespace | None = None, **overrides
 
 def write_records(output: str, records: list[dict]) -> None:
     """One JSON line per problem, written to a temporary file next to ``output`` and renamed into place."""
-    path = Path(output)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w") as f:
-            f.writelines(json.dumps(record) + "\n" for record in records)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    write_text(output, "".join(json.dumps(record) + "\n" for record in records))
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:

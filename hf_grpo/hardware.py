@@ -31,6 +31,7 @@ class Machine:
     bf16: bool  # a CUDA device with bf16
     packages: frozenset[str]  # of the optional ones below that are importable
     vllm: VLLMInstall = NO_VLLM  # which vLLM distribution is installed (hf_grpo.generation.vllm_install)
+    cpu_cores: int | None = None  # the cores this process may run on; None: not known (no limit checked)
 
     def has(self, package: str) -> bool:
         return package in self.packages
@@ -49,6 +50,7 @@ def this_machine() -> Machine:
         bf16=bool(cuda) and torch.cuda.is_bf16_supported(),
         packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
         vllm=find_vllm(),
+        cpu_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     )
 
 
@@ -91,6 +93,9 @@ CPU_SETTINGS = (
 )
 # accelerate settings (the config file, or `accelerate launch` flags) a CPU cannot run
 CPU_MIXED_PRECISION = "no"
+# training processes per core beyond which a machine without a GPU is refused: each process computes on its own
+# core(s) (torch_threads), so more only take turns, every collective waits for the slowest, and each holds the model
+CPU_PROCESSES_PER_CORE = 2
 
 
 def auto_backend(generation: dict, machine: Machine | None = None) -> tuple[dict, str | None]:
@@ -245,10 +250,27 @@ class Run:
             )
         return None
 
+    def per_machine(self) -> int:
+        """Training processes on each machine (``hf_grpo.recipe`` checked that they divide evenly)."""
+        return self.layout.num_processes // max(self.layout.num_machines, 1)
+
+    def too_many_for_cpu(self) -> str | None:
+        """Far more training processes on this machine than it has cores (``CPU_PROCESSES_PER_CORE``)."""
+        cores, per_machine = self.machine.cpu_cores, self.per_machine()
+        if not cores or per_machine <= CPU_PROCESSES_PER_CORE * cores:
+            return None
+        machines = self.layout.num_machines
+        where, total = (" per machine", f" (all {machines} machines together)") if machines > 1 else ("", "")
+        return (
+            f"{per_machine} training processes{where} on a machine without a GPU and with {cores} usable CPU "
+            f"core(s): more than {CPU_PROCESSES_PER_CORE} per core only take turns; set num_processes (or "
+            f"--num_processes){total} to at most {CPU_PROCESSES_PER_CORE * cores * max(machines, 1)}"
+        )
+
     def too_few_gpus(self) -> str | None:
         """Enough GPUs for the processes on this machine and the server (a miniature's stand-in server takes none)."""
         server = len(self.generation.server_gpus()) if self.generation.starts_server() and not self.vllm_standin else 0
-        per_machine = self.layout.num_processes // max(self.layout.num_machines, 1)
+        per_machine = self.per_machine()
         gpus = self.machine.cuda_devices
         if per_machine + server <= gpus:
             return None
@@ -272,6 +294,7 @@ CPU_RULES = (
     Run.cpu_fsdp,
     Run.broken_vllm_server,
     Run.cpu_vllm,
+    Run.too_many_for_cpu,
 )
 GPU_RULES = (Run.too_few_gpus, Run.gpu_without_bf16)
 

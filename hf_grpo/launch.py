@@ -4,7 +4,6 @@ config, processes, machines, this node) is ``hf_grpo.process_layout``'s."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import shlex
@@ -13,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +24,17 @@ from .generation.layout import format_env_command, pinned, server_command, train
 from .generation.server import VLLMServerProcess
 from .generation.vllm_install import find_vllm
 from .process_layout import Layout, accelerate_command, unnamed_node_message
-from .stopping import StopSignal, handle_stop_signals
+from .run_files import LOGS_DIR, SERVER_LOG
+from .stopping import (  # LAUNCHED_ENV and inside_launch: here too, for the modules that import them from here
+    LAUNCHED_ENV,
+    STOP_SIGNALS,
+    STOP_STATUS,
+    StopSignal,
+    die_with_parent,
+    handle_stop_signals,
+    inside_launch,
+    say,
+)
 from .watchdog import Watchdog, ask_group_to_stop, signal_group  # each launch leads its own group (start_new_session)
 
 
@@ -64,7 +74,6 @@ def apply_thread_policy() -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 # The launcher: `python -m hf_grpo.train RECIPE` starts the vLLM server (if the recipe asks for one) and accelerate.
 
-LAUNCHED_ENV = "HF_GRPO_LAUNCHED"
 SERVER_STARTED_ENV = "HF_GRPO_STARTED_SERVER"  # set for the training processes of a launch that started the server
 
 
@@ -80,25 +89,25 @@ class Command:
         return format_env_command(self.env, self.argv)
 
 
-def inside_launch() -> bool:
-    """True in a process started by accelerate/torchrun (or by this launcher)."""
-    return any(name in os.environ for name in ("LOCAL_RANK", "ACCELERATE_USE_CPU", LAUNCHED_ENV))
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def stop_like_ctrl_c() -> Callable[[], None]:
-    """In a training process: SIGTERM (a scheduler, a closed terminal) raises KeyboardInterrupt as Ctrl-C does, so
-    the run ends with its crash log and one line, its reward workers and lock released. Under a launch (accelerate,
-    torchrun), Linux also sends it SIGTERM when its launching parent dies (``PR_SET_PDEATHSIG``): SIGTERM to
-    ``accelerate launch`` itself, which exits at once, orphans no training process. SIGINT raises the same
-    ``StopSignal``, so either ends with status 130 wherever it lands (``hf_grpo.stopping``). Returns what puts the
-    previous handlers back."""
+    """In a training process: SIGTERM (a scheduler) and SIGHUP (a closed terminal) raise KeyboardInterrupt as Ctrl-C
+    does, so the run ends with its crash log and one line, its reward workers and lock released. Under a launch
+    (accelerate, torchrun), Linux also sends it SIGTERM when its launching parent dies (``PR_SET_PDEATHSIG``): SIGTERM
+    to ``accelerate launch`` itself, which exits at once, orphans no training process. ``python -m hf_grpo.train``
+    did both before torch loaded (``hf_grpo.stopping.guard_start``); this covers a run started otherwise. Each signal
+    raises the same ``StopSignal``, so any ends with status 130 wherever it lands. Returns what puts the previous
+    handlers back once the run's outcome is decided, after which SIGTERM and SIGHUP just end the process (the launch
+    stopping the others as it exits)."""
     restore = handle_stop_signals()
-    if inside_launch() and sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    return restore
+    die_with_parent()
+
+    def outcome_decided() -> None:
+        restore()
+        for signum in STOP_SIGNALS:
+            if signum != signal.SIGINT:
+                signal.signal(signum, signal.SIG_DFL)
+
+    return outcome_decided
 
 
 MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node's address when none is given
@@ -220,46 +229,54 @@ def run_launcher(recipe, argv: list[str]) -> int:
     """Start the server (if any), wait for it, run the training launch(es), and stop everything whatever happens.
 
     The server and each training launch run in process groups of their own, so stopping one reaches its workers
-    too: on SIGINT or SIGTERM of the launcher the launches get SIGINT, then SIGKILL after ``STOP_GRACE_S``; whatever
-    is left of a group when the launcher ends is killed. A launcher that cannot do this (SIGKILLed, killed for
-    memory) leaves it to its watchdog (``hf_grpo.watchdog``), which then sends each group SIGTERM, then SIGKILL after
-    ``WATCHDOG_GRACE_S``.
+    too: on SIGINT, SIGTERM or SIGHUP of the launcher the launches get SIGINT, then SIGKILL after ``STOP_GRACE_S``;
+    whatever is left of a group when the launcher ends is killed. A launcher that cannot do this (SIGKILLed, killed
+    for memory) leaves it to its watchdog (``hf_grpo.watchdog``), which then sends each group SIGTERM, then SIGKILL
+    after ``WATCHDOG_GRACE_S``. Whatever ends the run, the launcher's last line says how, once.
     """
 
     commands = plan_commands(recipe, argv)
     for command in commands:
         command.argv = resolve_program(command.argv)
-    server, children = None, []
+    server, children, stop = None, [], []
+    error_mark = tempfile.NamedTemporaryFile(prefix="hf_grpo-errors-", delete=False)  # noqa: SIM115 - removed below
+    error_mark.close()
     watchdog = Watchdog(WATCHDOG_GRACE_S)
     restore_handlers = handle_stop_signals()
     try:
         for command in commands:
             if command.role == "server":
-                log = Path(recipe.training.output_dir) / "vllm_server.log"
+                log = Path(recipe.training.output_dir) / SERVER_LOG
                 server = VLLMServerProcess(
                     command.argv, command.env, command.url, log, recipe.generation.server_timeout, watchdog.watch
                 )
                 server.__enter__()
-            else:
-                env = {**os.environ, **command.env, LAUNCHED_ENV: "1", crash_log.COMMAND_ENV: shlex.join(argv)}
-                if server is not None:  # ours, started with --logprobs-mode processed_logprobs: nothing to check
-                    env[SERVER_STARTED_ENV] = "1"
-                children.append(subprocess.Popen(quiet(command.argv, recipe), env=env, start_new_session=True))
-                watchdog.watch(children[-1].pid)
         # From here a stop signal only sets a flag that the wait loop reads: raised as an exception it could land
-        # inside Popen.poll between taking and releasing its internal lock, and the stop's wait() then blocks forever.
-        stop: list[int] = []
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        # inside Popen.poll between taking and releasing its internal lock, and the stop's wait() then blocks forever,
+        # or between starting a launch and remembering it, which nothing would then stop.
+        for signum in STOP_SIGNALS:
             signal.signal(signum, lambda received, frame: stop.append(received))
+        env = {LAUNCHED_ENV: "1", crash_log.COMMAND_ENV: shlex.join(argv), crash_log.ERROR_MARK_ENV: error_mark.name}
+        if server is not None:  # ours, started with --logprobs-mode processed_logprobs: nothing to check
+            env[SERVER_STARTED_ENV] = "1"
+        for command in (c for c in commands if c.role == "train"):
+            full_env = {**os.environ, **command.env, **env}
+            children.append(subprocess.Popen(quiet(command.argv, recipe), env=full_env, start_new_session=True))
+            watchdog.watch(children[-1].pid)
         code = _wait_all(children, stop)
-        if code != 0:
-            print(failed_summary(recipe, argv, code), file=sys.stderr)  # noqa: T201
+        if code == 0:
+            return 0
+        error_line = os.path.getsize(error_mark.name) > 0  # a process of the launch printed one
+        if ended_by(code) in STOP_SIGNALS and not error_line:  # a stop sent to the launch, not here: the same end
+            say(stopped_summary(recipe, argv))
+            return STOP_STATUS
+        say(failed_summary(recipe, argv, code, error_line))
         return code
     except KeyboardInterrupt:
         _kill_on_next_signal(children)  # a second Ctrl-C / SIGTERM: no more grace, and no traceback
         _stop_all(children, signal.SIGINT)
-        print(stopped_summary(recipe, argv), file=sys.stderr)  # noqa: T201
-        return 130
+        say(stopped_summary(recipe, argv))
+        return STOP_STATUS
     finally:
         for child in children:  # a launch that exited may leave workers behind in its group
             signal_group(child.pid, signal.SIGKILL)
@@ -267,6 +284,7 @@ def run_launcher(recipe, argv: list[str]) -> int:
             server.stop()
         watchdog.dismiss()  # only now: should stopping be cut short, the watchdog finishes it
         restore_handlers()
+        Path(error_mark.name).unlink(missing_ok=True)
 
 
 def quiet(argv: list[str], recipe) -> list[str]:
@@ -278,14 +296,30 @@ def quiet(argv: list[str], recipe) -> list[str]:
     return [*prefix, sys.executable, "-m", "hf_grpo.crash_log", str(recipe.training.output_dir), *argv]
 
 
-def failed_summary(recipe, argv: list[str], code: int) -> str:
-    """The launcher's one line after a training launch failed: where its error is and how to resume. The error may
-    be a refusal to start (a checkpoint the nodes disagree on): resuming is then the step after fixing it."""
-    logs = Path(recipe.training.output_dir) / "logs"
-    return (
-        f"hf_grpo: training stopped with exit code {code}: its error is the `hf_grpo: error:` line above (tracebacks "
-        f"in {logs}/); once what it names is fixed, resume with: {crash_log.resume_command(argv)}"
-    )
+def ended_by(code: int) -> int | None:
+    """The signal that ended a launch with exit status ``code`` (-N as Popen reports it, 128 + N as a shell and
+    ``hf_grpo.crash_log`` do), or None."""
+    if code < 0:
+        return -code
+    return code - 128 if 128 < code < 128 + signal.NSIG else None
+
+
+def failed_summary(recipe, argv: list[str], code: int, error_line: bool) -> str:
+    """The launcher's one line after a training launch failed: where its error is and how to resume. ``error_line``:
+    a process of the launch printed an ``hf_grpo: error:`` line (``crash_log.mark_error``). The error may be a
+    refusal to start (a checkpoint the nodes disagree on): resuming is then the step after fixing it."""
+    logs = Path(recipe.training.output_dir) / LOGS_DIR
+    tracebacks = f" (tracebacks in {logs}/)" if logs.is_dir() else ""
+    signum = ended_by(code)
+    if error_line:
+        what = f"its error is the `hf_grpo: error:` line above{tracebacks}; once what it names is fixed,"
+    elif signum is not None:
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+        memory = " (out of memory? `dmesg` names what the kernel killed)" if signum == signal.SIGKILL else ""
+        what = f"a training process was killed by {name}{memory}{tracebacks};"
+    else:
+        what = f"its output above says why{tracebacks}; once that is fixed,"
+    return f"hf_grpo: training stopped with exit code {code}: {what} resume with: {crash_log.resume_command(argv)}"
 
 
 def stopped_summary(recipe, argv: list[str]) -> str:
@@ -298,28 +332,30 @@ def stopped_summary(recipe, argv: list[str]) -> str:
 
 
 def _kill_on_next_signal(children) -> None:
-    """While stopping: SIGINT or SIGTERM again kills the launches' groups at once, instead of raising
+    """While stopping: SIGINT, SIGTERM or SIGHUP again kills the launches' groups at once, instead of raising
     KeyboardInterrupt in the middle of the stop (``run_launcher`` puts the handlers back)."""
 
     def kill_now(signum, frame):
         for child in children:
             signal_group(child.pid, signal.SIGKILL)
 
-    signal.signal(signal.SIGTERM, kill_now)
-    signal.signal(signal.SIGINT, kill_now)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, kill_now)
 
 
 def _stop_all(children, signum) -> None:
-    """Send ``signum`` to each running launch's process group; SIGKILL what still runs after ``STOP_GRACE_S``."""
+    """Send ``signum`` to each running launch's process group; SIGKILL what is left of a group after
+    ``STOP_GRACE_S``. A group, not only its leader: ``accelerate launch`` dies at once on a stop until its agent runs
+    (``hf_grpo.crash_log``), while its training process, in the same group, finishes its own stop."""
 
     for child in children:
         if child.poll() is None:
             ask_group_to_stop(child.pid, signum)
     deadline = time.monotonic() + STOP_GRACE_S
     for child in children:
-        try:
-            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
+        while (child.poll() is None or signal_group(child.pid, 0)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if child.poll() is None or signal_group(child.pid, 0):
             signal_group(child.pid, signal.SIGKILL)
             child.wait()
 

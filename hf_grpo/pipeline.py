@@ -16,7 +16,14 @@ from pathlib import Path
 import yaml
 
 from .card import write_local_card
-from .checkpoints import CheckpointError, finished_step, recipe_changes, resolve_resume, saved_recipe_path
+from .checkpoints import (
+    CheckpointError,
+    finished_step,
+    recipe_changes,
+    resolve_resume,
+    sampling_changes,
+    saved_recipe_path,
+)
 from .data import load_grpo_datasets
 from .data.lengths import fit_prompts, prompt_budget
 from .data.loaders import eval_grader, is_conversation, is_local_file, source_splits
@@ -27,12 +34,13 @@ from .launch import SERVER_STARTED_ENV, apply_thread_policy
 from .miniature import activate
 from .progress import enabled_for
 from .recipe import Recipe, RecipeError
+from .recipe.plan import check_rows
 from .recipe.schema import key_defaults
 from .recipe.yaml12 import load_yaml
 from .results import RunResult, library_versions
 from .rewards import load_reward_funcs
 from .rewards.wrapper import RewardFailedError
-from .run_files import EVAL_FILE, RECIPE_FILE, VERSIONS_FILE
+from .run_files import EVAL_FILE, RECIPE_FILE, RECIPE_HEADER, VERSIONS_FILE
 from .run_lock import RunLockError, acquire, check_free, release
 from .trackers import TrackerSetup, log_evaluation, setup_trackers
 
@@ -98,7 +106,7 @@ def save_recipe(recipe: Recipe) -> str | None:
         return None
     out = Path(recipe.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    header = f"# resolved from {recipe.path} and the command line; every other key has its default\n"
+    header = f"{RECIPE_HEADER}{recipe.path} and the command line; every other key has its default\n"
     text = header + yaml.safe_dump(recipe.values, sort_keys=False)
     (out / RECIPE_FILE).write_text(text)
     write_json(out / VERSIONS_FILE, library_versions())
@@ -112,7 +120,9 @@ def resume_target(recipe, num_processes: int, lock: bool = True) -> str | None:
     before anything loads, when another live run holds ``output_dir`` (``lock``: the launcher's check, before it
     starts anything; ``run`` takes the lock itself), for a checkpoint path that is incomplete, damaged or written by
     another number of processes (``checkpoints.py``), and for a checkpoint trained with another value of a key that
-    fixes its shapes (``checkpoints.FIXED_KEYS``); other changed keys are a warning.
+    fixes its shapes (``checkpoints.FIXED_KEYS``); other changed keys are a warning, and so is a sampling feature
+    (dynamic sampling, prompt selection, overlap) turned on or off since the checkpoint (it starts fresh, or its
+    saved state is dropped) and a generation batch saved mid-cycle by another number of processes (generated anew).
     """
     args = getattr(recipe, "training", recipe)
     try:
@@ -123,6 +133,10 @@ def resume_target(recipe, num_processes: int, lock: bool = True) -> str | None:
         raise RecipeError(str(exc)) from None
     if resume is not None and isinstance(recipe, Recipe):
         check_recipe_unchanged(recipe, resume)
+        features = {"overlap": recipe.generation.overlap}
+        features |= {key: getattr(args, key) for key in ("dynamic_sampling", "prompt_selection")}
+        for change in sampling_changes(resume, features, num_processes):
+            logger.warning("resume: %s", change)
     return resume
 
 
@@ -265,6 +279,8 @@ def build_trainer(recipe: Recipe):
         train_dataset, eval_dataset = load_grpo_datasets(recipe.data, seed=args.seed)
     except (ValueError, FileNotFoundError) as exc:
         raise RecipeError(f"{recipe.path}: data: {exc}") from None
+    data = f"the training data ({recipe.data.dataset_name})"
+    check_rows(recipe.plan, len(train_dataset), f"{data} has {len(train_dataset)} usable row(s)")
     model, tokenizer = load_policy(
         recipe, chat_prompts=len(train_dataset) > 0 and is_conversation(train_dataset[0]["prompt"])
     )
@@ -306,9 +322,14 @@ def fit_to_context(recipe: Recipe, model, tokenizer, train_dataset, eval_dataset
         return train_dataset, eval_dataset
     mode, progress = recipe.data.long_prompts, enabled_for(recipe.training)
     kwargs = recipe.training.chat_template_kwargs  # as TRL renders chat prompts
-    train_dataset = fit_prompts(train_dataset, tokenizer, budget, mode, "training data", progress, kwargs)[0]
-    if eval_dataset is not None:
-        eval_dataset = fit_prompts(eval_dataset, tokenizer, budget, mode, "held-out data", progress, kwargs)[0]
+    try:  # every prompt too long (a ValueError naming the budget and the fixes): one line, exit 2
+        train_dataset = fit_prompts(train_dataset, tokenizer, budget, mode, "training data", progress, kwargs)[0]
+        if eval_dataset is not None:
+            eval_dataset = fit_prompts(eval_dataset, tokenizer, budget, mode, "held-out data", progress, kwargs)[0]
+    except ValueError as exc:
+        raise RecipeError(f"{recipe.path}: data: {exc}") from None
+    left = f"{len(train_dataset)} row(s) left once the prompts too long for the context were dropped"
+    check_rows(recipe.plan, len(train_dataset), f"the training data ({recipe.data.dataset_name}) has {left}")
     return train_dataset, eval_dataset
 
 

@@ -9,13 +9,17 @@ names itself: ``machine_rank`` and ``main_process_ip`` (or ``$NODE_RANK`` and ``
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from .crash_log import port_taken_message
 
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -194,6 +198,49 @@ def unnamed_node_message(machines: int) -> str:
         f"one: --machine_rank R (0 on the main node, up to {machines - 1}) --main_process_ip ADDRESS (the main "
         "node's, as the others reach it), or set $NODE_RANK and $MASTER_ADDR; --dry-run prints each node's command"
     )
+
+
+HOSTNAME_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")  # RFC 1123
+
+
+def main_address_problem(address: str, source: str, resolve: bool) -> str | None:
+    """Why ``address`` cannot be the main node's (``source``: where it was given), or None: neither an IP address nor
+    a hostname, or (``resolve``) a name this machine cannot resolve. torch's rendezvous would retry it in silence for
+    minutes (its timeout is 600 s) before failing."""
+    try:
+        ipaddress.ip_address(address.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    labels = address.removesuffix(".").split(".")
+    if len(address) > 253 or labels[-1].isdigit() or not all(HOSTNAME_LABEL.fullmatch(label) for label in labels):
+        return (
+            f"{source} {address!r} is neither an IP address nor a hostname: give the main node's address as the "
+            "other machines reach it (for example 10.0.0.1, or its hostname)"
+        )
+    if resolve:
+        try:
+            socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            return (
+                f"{source} {address!r} does not resolve on this machine ({exc.strerror or exc}): give the main "
+                "node's IP address, or a name this machine resolves (DNS or /etc/hosts)"
+            )
+    return None
+
+
+def main_port_problem(port: int) -> str | None:
+    """Why the main node (machine_rank 0: this one) cannot listen on ``port`` here, or None. Bound as torch's store
+    binds it: every interface, SO_REUSEADDR (a port left in TIME_WAIT by an earlier run is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return port_taken_message(port)
+            return f"main_process_port {port} cannot be used on this machine ({exc.strerror}): choose another"
+    return None
 
 
 def loopback_host_problem(layout: Layout, gloo: bool) -> str | None:

@@ -25,12 +25,15 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import torch.distributed
+from safetensors import SafetensorError
 
 from . import crash_log
+from .dynamic_sampling import SamplingExhausted
 from .generation.server import ServerStartError
 from .generation.vllm_client import VLLMConnectionError, VLLMServerError
 from .launch import (
@@ -125,6 +128,7 @@ def fail(message: str, status: int = 2) -> int:
     processes of a launch share stderr, and unbuffered (PYTHONUNBUFFERED) print's two writes could join their lines."""
     sys.stderr.write(f"hf_grpo: error: {message}\n")
     sys.stderr.flush()
+    crash_log.mark_error()  # the launcher's closing line then points at this one
     return status
 
 
@@ -175,14 +179,15 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return server_failed(recipe, passthrough, exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or the launcher stopping its processes
         return interrupted(recipe, passthrough, exc)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        return disk_full(recipe, passthrough, exc)
-    except RuntimeError as exc:
-        if not peer_lost(exc):
-            raise
-        return peer_gone(recipe, passthrough, exc)
+    except SamplingExhausted as exc:  # dynamic_sampling_exhausted: error (before RuntimeError: it is one)
+        return sampling_exhausted(recipe, passthrough, exc)
+    except (OSError, RuntimeError, SafetensorError) as exc:  # a full disk reaches us as any of the three
+        full = out_of_space(exc, recipe.training.output_dir)
+        if full is not None:
+            return disk_full(recipe, passthrough, full)
+        if isinstance(exc, RuntimeError) and peer_lost(exc):
+            return peer_gone(recipe, passthrough, exc)
+        raise
     finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
         restore_handlers()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -238,6 +243,36 @@ def server_failed(recipe, argv: list[str], exc: VLLMConnectionError | VLLMServer
     )
 
 
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE = re.compile(r"os error (28|122)\b|No space left|Disk quota exceeded")  # safetensors' Rust io::Error text
+# torch.save's stream writer reports a failed write without its errno ("file write failed", "unexpected pos")
+TORCH_WRITE_FAILED = re.compile(r"PytorchStreamWriter|inline_container|file write failed|iostream error")
+PROBE_BYTES = 1 << 20
+
+
+def out_of_space(exc: BaseException, folder: str) -> OSError | None:
+    """The no-space error behind ``exc``, or None. ``OSError`` carries its errno; safetensors' ``SafetensorError``
+    carries the OS error's text; torch.save's ``RuntimeError`` carries neither, so a failed torch write counts when
+    writing ``PROBE_BYTES`` into ``folder`` fails with no space too (a checkpoint's optimizer, scheduler or RNG file)."""
+    if isinstance(exc, OSError):
+        return exc if exc.errno in SPACE_ERRNOS else None
+    text = f"{exc} {exc.__context__ or ''}"
+    if NO_SPACE.search(text):
+        code = errno.EDQUOT if re.search(r"os error 122\b|quota", text) else errno.ENOSPC
+        return OSError(code, os.strerror(code), f"a file in {folder}")
+    if not TORCH_WRITE_FAILED.search(text):
+        return None
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(bytes(PROBE_BYTES))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as probe_error:
+        if probe_error.errno in SPACE_ERRNOS:
+            return OSError(probe_error.errno, probe_error.strerror, f"a checkpoint file in {folder}")
+    return None
+
+
 def disk_full(recipe, argv: list[str], exc: OSError) -> int:
     """No space left (or over quota) while writing: the file, the folder to free, the resume command."""
     crash_log.write(recipe.training.output_dir, exc)  # may fail too: it says nothing then
@@ -252,12 +287,21 @@ def disk_full(recipe, argv: list[str], exc: OSError) -> int:
     )
 
 
+def sampling_exhausted(recipe, argv: list[str], exc: SamplingExhausted) -> int:
+    """Dynamic sampling ran out of rounds (``dynamic_sampling_exhausted: error``, raised on every process): what ran
+    out and the fix, the traceback's file, the resume command (from the last complete checkpoint)."""
+    traceback_log = crash_log.write(recipe.training.output_dir, exc)
+    if not first_rank():
+        return 1
+    print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
+    return fail(f"{exc}; the traceback: {traceback_log}; then resume with: {crash_log.resume_command(argv)}", status=1)
+
+
 def interrupted(recipe, argv: list[str], exc: KeyboardInterrupt) -> int:
     """Stopped by SIGINT: the traceback to a crash log; one summary line unless a launcher prints it."""
     crash_log.write(recipe.training.output_dir, exc)
     if first_rank() and LAUNCHED_ENV not in os.environ:
-        print(file=sys.stderr)  # noqa: T201
-        print(stopped_summary(recipe, argv), file=sys.stderr)  # noqa: T201
+        crash_log.say(f"\n{stopped_summary(recipe, argv)}")  # a terminal closed by SIGHUP takes it quietly
     return 130
 
 

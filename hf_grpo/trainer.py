@@ -21,7 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
 
 from .advantages import leave_one_out_advantages, relog_advantages
-from .checkpoints import keep_best, listing, write_manifest
+from .checkpoints import keep_best, listing, read_manifest, write_manifest
 from .config import hf_config
 from .dynamic_sampling import DynamicSampler
 from .eta import EtaCallback
@@ -37,6 +37,10 @@ __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
 
 
 logger = logging.getLogger(__name__)
+
+ROW_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")  # TRL's losses whose normaliser counts rows (_compute_loss)
+
+BATCH_FILE = "hf_grpo_batch_rank{rank}.pt"  # TRL's generation batch, in a checkpoint saved inside a generation cycle
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -245,16 +249,24 @@ class GRPOTrainer(trl.GRPOTrainer):
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss on the micro-batch without dynamic sampling's fill rows (``filled``: its rounds ran out and
-        ``dynamic_sampling_exhausted: fill`` padded the batch). Their completion mask is zero, but the losses that
-        average over rows (``grpo``, ``sapo``, ``dr_grpo``, ``luspo``) would still count them, diluting the real rows'
-        policy term by real / all rows; dropping the rows fixes that term alone, while the entropy bonus (a token mean)
-        and the router aux loss stay as TRL computes them, and the fill rows cost no forward or backward."""
+        """TRL's loss with dynamic sampling's fill rows (``filled``: its rounds ran out and ``dynamic_sampling_exhausted:
+        fill`` padded the batch) out of the row count. Their completion mask is zero, but the losses that average over
+        rows (``ROW_MEAN_LOSSES``) still count them, diluting the real rows' policy and KL terms by real / all rows.
+        The policy term is linear in the advantages and the KL term in ``beta`` (a positive scale keeps every sign TRL
+        tests), so both are scaled by all / real rows here, while the entropy bonus (a token mean) and the router aux
+        loss, which count no rows, stay as TRL computes them. Dropping the rows instead would leave processes with
+        micro-batches of different sizes, which TRL's gathers of per-row metrics cannot take."""
         filled = inputs.get("filled")  # [R] rows of this micro-batch
-        if filled is not None and filled.any() and not filled.all():  # all filled: nothing to train on, loss ~0
-            rows, real = filled.numel(), ~filled
-            inputs = {k: v[real] if _per_row(v, rows) else v for k, v in inputs.items()}  # [R_real, ...]
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        real = 0 if filled is None else int((~filled).sum())
+        if filled is None or self.loss_type not in ROW_MEAN_LOSSES or real in (0, filled.numel()):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        scale = filled.numel() / real
+        inputs = {**inputs, "advantages": inputs["advantages"] * scale}  # [R]
+        beta, self.beta = self.beta, self.beta * scale
+        try:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self.beta = beta
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """transformers' hook that takes an optimizer step's batches; overlapped generation reads ahead of it."""
@@ -278,20 +290,24 @@ class GRPOTrainer(trl.GRPOTrainer):
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
-        rank = self.accelerator.process_index
-        if self._sampler is not None:
-            self._sampler.save(self._checkpoint_dir(trial), rank)
+        rank, folder, sampler = self.accelerator.process_index, self._checkpoint_dir(trial), self._sampler
+        if sampler is not None:
+            sampler.save(folder, rank)
         if self._ahead is not None:  # waits for the rounds in flight
-            self._ahead.save(self._checkpoint_dir(trial), rank)
+            self._ahead.save(folder, rank)
+        mid_cycle = self._save_generation_batch(folder, rank)
         # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
         # sampling state. Once all have, the manifest marks the checkpoint complete (checkpoints.py).
         self.accelerator.wait_for_everyone()
-        folder = self._checkpoint_dir(trial)
         seen = gather_object([listing(folder)]) if self.accelerator.num_processes > 1 else []  # one per process
         shared = all(view == seen[0] for view in seen)  # else each node has its own output_dir: each writes its own
         if self.accelerator.is_main_process or (self.accelerator.is_local_main_process and not shared):
             # after the barrier, no process still writes into what is deleted
-            write_manifest(folder, self.accelerator.num_processes, self._sampler is not None, seen)
+            selection, overlap = sampler is not None and sampler.selector is not None, self._ahead is not None
+            write_manifest(
+                folder, self.accelerator.num_processes, self.args.dynamic_sampling, seen,
+                prompt_selection=selection, overlap=overlap, mid_cycle=mid_cycle,
+            )  # fmt: skip
             run_dir, step, last = self._get_output_dir(trial=trial), self.state.global_step, self.last_task_eval
             # older checkpoints go only now that this one is complete (a kill in between keeps one to resume from)
             rotate_checkpoints(run_dir, limit, self.state.best_model_checkpoint, use_mtime=True)
@@ -385,18 +401,55 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _checkpoint_dir(self, trial) -> str:
         return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
+    def _save_generation_batch(self, folder: str, rank: int) -> bool:
+        """Inside a generation cycle (TRL's batch serves ``steps_per_generation x num_iterations`` micro-batches and
+        some are left), write that batch and TRL's micro-batch count into ``folder``, so that a resumed run trains on
+        the rest of it as the uninterrupted run would, instead of generating anew; returns whether it did (the same on
+        every process)."""
+        every = self.args.steps_per_generation * self.num_iterations
+        if self._step % every == 0:
+            return False
+        os.makedirs(folder, exist_ok=True)  # a process that wrote nothing there yet (save_only_model)
+        state = {"step": self._step, "every": every, "batches": self._buffered_inputs}
+        torch.save(state, os.path.join(folder, BATCH_FILE.format(rank=rank)))
+        return True
+
+    def _load_generation_batch(self, checkpoint: str, rank: int, manifest: dict) -> None:
+        """TRL's generation batch and micro-batch count as ``_save_generation_batch`` wrote them, when ``checkpoint``'s
+        ``manifest`` says it did with this many processes; else the resumed run starts a generation cycle (TRL
+        generates first; pipeline.resume_target warned about another process count before loading)."""
+        self._step, self._buffered_inputs = 0, None  # TRL keeps both in memory only: a fresh cycle
+        if not manifest.get("mid_cycle") or manifest["num_processes"] != self.accelerator.num_processes:
+            return
+        path = os.path.join(checkpoint, BATCH_FILE.format(rank=rank))
+        state = torch.load(path, map_location="cpu", weights_only=True)  # torch.load cannot map to "cpu:0" (gloo)
+        device, args = self.accelerator.device, self.args
+        batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in state["batches"]]
+        every = args.steps_per_generation * self.num_iterations
+        rows = {len(batch["prompt_ids"]) for batch in batches}
+        if state["every"] != every or len(batches) != args.steps_per_generation or rows != {self._train_batch_size}:
+            logger.warning(
+                "resume: %s was saved inside a generation cycle with another steps_per_generation, num_iterations or "
+                "per_device_train_batch_size: its batch is generated anew at step %d, so the run does not continue "
+                "exactly as it would have",
+                checkpoint,
+                self.state.global_step,
+            )
+            return
+        self._step, self._buffered_inputs = state["step"], batches
+
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or self._sampler is None:
+        if checkpoint is None:
             return
-        rank, sampler = self.accelerator.process_index, self._sampler
+        rank, saved = self.accelerator.process_index, read_manifest(checkpoint) or {}  # {}: another program's
+        self._load_generation_batch(checkpoint, rank, saved)
+        sampler = self._sampler
+        # a feature the checkpoint holds no state of starts fresh (pipeline.resume_target warned before loading)
+        if sampler is None or not (saved.get("dynamic_sampling") or saved.get("overlap")):
+            return
         sampler.load(checkpoint, rank)
-        if self._ahead is not None:
+        if self._ahead is not None and saved.get("overlap"):
             self._ahead.load(checkpoint, rank)
         state = sampler.stream.state()
         logger.info("restored dynamic sampling state: %d carried groups, prompt stream %s", len(sampler.pool), state)
-
-
-def _per_row(value, rows: int) -> bool:
-    """Whether ``value`` is a tensor with one entry per row of a micro-batch of ``rows`` rows (not a scalar)."""
-    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == rows

@@ -174,7 +174,54 @@ def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_refused_before
     data = write_jsonl(tmp_path / "chat.jsonl", [MESSAGES] * 8)
     argv = [TINY, "--model_name_or_path", str(folder), "--dataset_name", data, "--prompt_column", "q"]
     argv += ["--solution_column", "a", "--task", "gsm8k", "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    argv += ["--per_device_train_batch_size", "8"]  # a generation of 4 prompts: the 8 rows are enough
     assert main(argv) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
     assert len(lines) == 1 and "has no chat template and the prompts are chat messages" in lines[0], err[-3000:]
+
+
+def one_error_line(code: int, capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def file_argv(data, tmp_path, *more: str) -> list[str]:
+    argv = [TINY, "--dataset_name", str(data), "--prompt_column", "q", "--solution_column", "a", "--task", "gsm8k"]
+    return argv + ["--output_dir", str(tmp_path / "run"), "--report_to", "none", *more]
+
+
+def test_a_jsonl_file_whose_last_line_is_cut_off_exits_2_naming_the_line_at_the_check(tmp_path, capsys):
+    """A copy that stopped mid-line ended in datasets' DatasetGenerationError traceback (ArrowInvalid "Missing a
+    closing quotation mark"); the recipe check reads the file's last line, so a dry run refuses it too."""
+    data = tmp_path / "cut.jsonl"
+    text = "".join(json.dumps({**GOOD, "q": f"What is {i} + 0?"}) + "\n" for i in range(12))
+    data.write_text(text[:-12])  # line 12 loses its end
+    line = one_error_line(main(file_argv(data, tmp_path, "--dry-run")), capsys)
+    assert f"dataset file {str(data)!r} holds a bad line 12: not JSON" in line, line
+    assert "it is the last line and has no line end: the file was cut short" in line, line
+
+
+def test_a_bad_line_inside_a_jsonl_file_exits_2_naming_it_before_the_model_loads(tmp_path, capsys):
+    """Any other line that is not JSON is named when the data loads, before the model is built."""
+    data = tmp_path / "bad.jsonl"
+    lines = [json.dumps({**GOOD, "q": f"What is {i} + 0?"}) + "\n" for i in range(12)]
+    lines[6] = '{"q": "What is 6 + 0?", "a": "#### 6",}\n'  # a trailing comma
+    data.write_text("".join(lines))
+    line = one_error_line(main(file_argv(data, tmp_path, "--max_steps", "1")), capsys)
+    assert f"dataset file {str(data)!r} holds a bad line 7: not JSON (" in line, line
+    assert "fix or remove that line" in line and "cut short" not in line, line
+    assert not (tmp_path / "run" / "base_model").exists()  # refused before the model was built
+
+
+def test_a_training_set_too_small_for_one_generation_exits_2_before_the_model_loads(tmp_path, capsys):
+    """One row with num_generations 8 (32 prompts per generation) made 0 optimizer steps, then wrote an untrained
+    adapter, a model card and a report."""
+    data = write_jsonl(tmp_path / "one.jsonl", ["What is 0 + 0?"])
+    line = one_error_line(main(file_argv(data, tmp_path, "--num_generations", "8", "--max_steps", "3")), capsys)
+    assert "one generation needs 32 prompts (per_device_train_batch_size 256 x steps_per_generation 1" in line, line
+    assert f"the training data ({data}) has 1 usable row(s)" in line and "0 optimizer steps" in line, line
+    assert not (tmp_path / "run" / "base_model").exists()  # refused before the model was built
+    assert not (tmp_path / "run" / "adapter_model.safetensors").exists()

@@ -194,6 +194,17 @@ def test_indentation_that_is_not_spaces_names_its_own_line(char, name, tmp_path,
     assert "replace it with spaces" in line and "backend: transformers" in line
 
 
+@pytest.mark.parametrize("last", [False, True], ids=["mid-file", "last-line"])
+def test_a_no_break_space_after_a_colon_names_its_own_line(last, tmp_path, capsys):
+    """`key:<U+00A0>value` (pasted from a web page) was refused as invalid YAML on the next line (or one past the
+    end): the parser reads it as one scalar and gives up a line later."""
+    path = tmp_path / "bad.yaml"
+    lines = BASE.splitlines() + ["learning_rate:\u00a01.0e-3"] + ([] if last else ["seed: 3", "max_steps: 2"])
+    path.write_text("\n".join(lines) + "\n")
+    line = assert_refused([str(path), "--dry-run"], capsys, "line 4 holds a no-break space (U+00A0)")
+    assert "replace it with a space" in line and "learning_rate:" in line, line
+
+
 def test_a_model_folder_without_config_or_weights_is_refused_before_loading(tmp_path, capsys):
     """An empty model folder, or one with a config and no weights, failed in from_pretrained."""
     folder = tmp_path / "model"

@@ -46,6 +46,7 @@ def test_every_saved_checkpoint_has_a_manifest_listing_each_process_file(saved_r
         folder = saved_run / f"checkpoint-{step}"
         manifest = json.loads((folder / MANIFEST).read_text())
         assert manifest["num_processes"] == 1 and manifest["dynamic_sampling"] is True
+        assert manifest["prompt_selection"] is manifest["overlap"] is manifest["mid_cycle"] is False
         # transformers' files and ours, each with its size on disk
         for name in ("trainer_state.json", "optimizer.pt", "rng_state.pth", "hf_grpo_state_rank0.json"):
             assert manifest["files"][name] == (folder / name).stat().st_size, name
@@ -68,10 +69,10 @@ def test_a_save_killed_before_it_completes_keeps_the_previous_checkpoint_with_sa
     out = tmp_path / "run"
     real = trainer_module.write_manifest
 
-    def killed_at_step_2(folder, *args):
+    def killed_at_step_2(folder, *args, **kwargs):
         if str(folder).endswith("checkpoint-2"):
             raise Killed
-        real(folder, *args)
+        real(folder, *args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "write_manifest", killed_at_step_2)
     trainer = make_trainer(out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1)
@@ -327,3 +328,40 @@ def test_a_weights_only_checkpoint_is_resumed_with_a_warning(run_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
         assert resolve_resume(str(run_dir / "checkpoint-2"), str(run_dir), 1) == str(run_dir / "checkpoint-2")
     assert "save_only_model" not in caplog.text  # a full checkpoint resumes exactly, with no warning
+
+
+def test_a_node_where_no_process_wrote_gets_a_manifest_that_names_what_it_lacks(tmp_path):
+    """Two nodes without a shared disk and ``save_only_model: true``: node 1's processes wrote no file, so
+    ``checkpoint-N`` did not exist there and ``write_manifest`` died with FileNotFoundError mid-save. Now node 1 gets
+    the folder with the manifest alone, and its checkpoint is incomplete there (a resume stops naming the file)."""
+    from hf_grpo.checkpoints import listing, write_manifest
+
+    node0, node1 = tmp_path / "node0" / "checkpoint-2", tmp_path / "node1" / "checkpoint-2"
+    node0.mkdir(parents=True)
+    (node0 / "adapter_model.safetensors").write_bytes(b"x" * 8)
+    (tmp_path / "node1").mkdir()
+    seen = [listing(node0), listing(node1)]  # process 0 on node 0, process 1 on node 1: nothing there
+    assert seen[1] == {}
+    for folder in (node0, node1):
+        write_manifest(folder, 2, False, seen)
+    assert problem(node0, 2) is None
+    assert problem(node1, 2) == f"{node1 / 'adapter_model.safetensors'} is missing"
+
+
+def test_a_checkpoint_saved_inside_a_generation_cycle_on_another_process_count_says_its_batch_is_generated_anew(
+    tmp_path,
+):
+    """TRL's buffered generation batch is per process: the manifest records it, and a resume on another process count
+    (which dynamic sampling's groups refuse) is told before loading that the batch is generated anew, not exact."""
+    from hf_grpo.checkpoints import sampling_changes, write_manifest
+
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    write_manifest(folder, 2, False, mid_cycle=True)
+    assert json.loads((folder / MANIFEST).read_text())["mid_cycle"] is True
+    assert problem(folder, 1) is None and sampling_changes(folder, {}, 2) == []
+    (said,) = sampling_changes(folder, {}, 1)
+    assert "inside a generation cycle by 2 training processes and this run has 1" in said
+    assert "generated anew" in said and "not continue exactly" in said
+    write_manifest(folder, 2, False)  # at a cycle's start: nothing to say
+    assert sampling_changes(folder, {}, 1) == []

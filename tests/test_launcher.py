@@ -291,3 +291,49 @@ def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
         assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
     finally:
         kill_marked(mark)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The launcher's closing line: what it knows, no more
+
+
+LAUNCH_ENDINGS = {  # a training launch that ends so
+    "silently": "import sys; sys.exit(1)",
+    "with an error line": (
+        "import sys; from hf_grpo.crash_log import mark_error; sys.stderr.write('hf_grpo: error: it broke\\n'); "
+        "mark_error(); sys.exit(2)"
+    ),
+    "stopped by SIGTERM": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+    "killed": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+}
+
+
+@pytest.mark.parametrize("ending", LAUNCH_ENDINGS)
+def test_the_launchers_closing_line_claims_no_error_line_nor_logs_folder_it_has_not_seen(
+    ending, tmp_path, capfd, monkeypatch
+):
+    """It said "its error is the `hf_grpo: error:` line above (tracebacks in OUTPUT_DIR/logs/)" however the launch
+    ended: after a launch killed by a signal, or one whose error printed no such line, and with no logs folder."""
+    from types import SimpleNamespace
+
+    from hf_grpo import launch
+
+    out = tmp_path / "run"
+    out.mkdir()
+    if ending == "with an error line":
+        (out / "logs").mkdir()
+    recipe = SimpleNamespace(training=SimpleNamespace(output_dir=str(out)), layout=SimpleNamespace(num_processes=1))
+    command = launch.Command("train", {}, [sys.executable, "-c", LAUNCH_ENDINGS[ending]])
+    monkeypatch.setattr(launch, "plan_commands", lambda recipe, argv: [command])
+    code = launch.run_launcher(recipe, ["recipes/tiny.yaml"])
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("hf_grpo: ")]
+    closing = lines[-1]
+    assert closing.endswith("resume with: python -m hf_grpo.train recipes/tiny.yaml --resume_from_checkpoint auto")
+    if ending == "stopped by SIGTERM":  # a stop sent to the launch, not to the launcher: the same end as one here
+        assert (code, len(lines)) == (130, 1) and closing.startswith("hf_grpo: stopped by a signal;"), lines
+        return
+    assert closing.startswith("hf_grpo: training stopped with exit code "), lines
+    assert ("`hf_grpo: error:` line above" in closing) == (ending == "with an error line"), closing
+    assert ("/logs/" in closing) == (ending == "with an error line"), closing  # only a folder that exists
+    if ending == "killed":
+        assert code == -signal.SIGKILL and "killed by SIGKILL" in closing, closing

@@ -393,3 +393,52 @@ def test_listing_and_checking_load_no_training_stack(tmp_path):
     env = {**os.environ, "HF_GRPO_CACHE": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs at ``tmp_path/disk``: the synthetic wheel and its GGUF fit (~140 KiB), the converted model
+    (~370 KiB) does not. Mounting one needs root: skipped without."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=False, capture_output=True
+    )
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()}); the full-disk test needs one")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def assert_no_space_line(err: str, models: Path) -> None:
+    """One line of ours, the last, saying which folder ran out of space and what to do; no traceback."""
+    ours = [line for line in err.splitlines() if line.startswith("hf-grpo model:")]
+    assert ours == [err.splitlines()[-1]] and "Traceback" not in err, err
+    start = f"hf-grpo model: error: could not get {NAME} into {models}: No space left on device; free space there or "
+    assert ours[0].startswith(start) and "set HF_GRPO_CACHE to another folder" in ours[0]
+
+
+def test_a_disk_that_fills_up_during_get_ends_in_one_line_and_leaves_nothing(
+    monkeypatch, capsys, synthetic, small_disk
+):
+    use_registry(monkeypatch, synthetic, small_disk)
+    assert local_models.main(["get", NAME], prog="hf-grpo model") == 1
+    assert_no_space_line(capsys.readouterr().err, small_disk / "models")
+    assert list((small_disk / "models").iterdir()) == []
+
+
+def test_safetensors_out_of_space_during_the_conversion_is_one_line(monkeypatch, capsys, synthetic, tmp_path):
+    """safetensors' writer reports a full disk as ``SafetensorError`` (not ``OSError``), which was a traceback. Here
+    without a tmpfs: its save raises what it raised on the small tmpfs above (its text, the Rust io::Error's)."""
+    from safetensors import SafetensorError
+    from transformers import modeling_utils
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(bytes(64))  # the part it wrote
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modeling_utils, "safe_save_file", full_disk)
+    use_registry(monkeypatch, synthetic, tmp_path / "cache")
+    assert local_models.main(["get", NAME], prog="hf-grpo model") == 1
+    assert_no_space_line(capsys.readouterr().err, tmp_path / "cache" / "models")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []

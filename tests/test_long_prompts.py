@@ -14,11 +14,13 @@ from datasets import Dataset
 
 from hf_grpo.data.arithmetic import make_split
 from hf_grpo.data.lengths import fit_prompts, prompt_budget, prompt_lengths, shortened
+from hf_grpo.evaluation.checks import check_max_new_tokens
 from hf_grpo.evaluation.core import prompt_token_ids
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.tiny import build_tokenizer
 from hf_grpo.train import main
 
+from .helpers.common import run_module
 from .helpers.fake_vllm_server import start_in_thread
 
 
@@ -134,6 +136,25 @@ def test_no_room_for_a_prompt_is_a_recipe_level_error():
         prompt_budget(1024, 1024)
 
 
+def test_eval_max_new_tokens_beyond_the_context_exits_2_before_loading(tiny_model_dir, tmp_path):
+    """`hf-grpo eval --max-new-tokens` past the model's context generated past max_position_embeddings (vLLM would
+    refuse it): training's check of max_completion_length now runs on it, for a model and for an adapter's base."""
+    adapter = tmp_path / "run"
+    adapter.mkdir()
+    (adapter / "base_model").symlink_to(tiny_model_dir, target_is_directory=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    check_max_new_tokens(str(adapter), 255)  # room for a one-token prompt in 256
+    for model in (tiny_model_dir, adapter):
+        with pytest.raises(ValueError, match=r"--max-new-tokens 256 leaves no room .* context of 256 tokens"):
+            check_max_new_tokens(str(model), 256)
+    result = run_module("hf_grpo.evaluate", str(tiny_model_dir), "--dataset", "arithmetic", "--max-new-tokens", "5000")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo.evaluate: error:")]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "--max-new-tokens 5000 leaves no room for a prompt in a context of 256 tokens" in lines[0], lines[0]
+    assert f"max_position_embeddings 256 in the config of {tiny_model_dir}" in lines[0], lines[0]
+    assert "lower --max-new-tokens below 256" in lines[0] and "problems" not in result.stderr  # nothing evaluated
+
+
 def test_long_prompts_takes_only_its_choices():
     with pytest.raises(RecipeError, match="long_prompts"):
         load_recipe(["recipes/tiny.yaml", "--long_prompts", "truncate"], for_run=False)
@@ -187,3 +208,31 @@ def test_a_dataset_with_long_prompts_trains_to_the_end_through_a_server(policy_d
     assert [r["step"] for r in history] == [1, 2, 3, 4]
     counts = f"dropped {long}, truncated 0" if mode == "drop" else f"dropped 0, truncated {long}"
     assert f"training data: {long} of 16 prompts are longer than 246 tokens" in caplog.text and counts in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("short", "named"),
+    [
+        (0, "training data: every prompt is longer than 240 tokens"),
+        (1, "has 1 row(s) left once the prompts too long for the context were dropped"),
+    ],
+    ids=["every-prompt-long", "too-few-left"],
+)
+def test_prompts_too_long_for_any_step_exit_2_with_one_line(tmp_path, capsys, short, named):
+    """Every prompt over the budget was a good message inside a traceback (fit_prompts' ValueError); too few left
+    for one generation made 0 steps and saved an untrained adapter."""
+    data = tmp_path / "long.jsonl"
+    rows = make_split("train", 12, seed=3)
+    with open(data, "w") as f:
+        for i, row in enumerate(rows):
+            question = row["question"] if i < short else "Count the apples again. " * 60 + row["question"]
+            f.write(json.dumps({"question": question, "answer": row["answer"]}) + "\n")
+    argv = ["recipes/tiny.yaml", "--dataset_name", str(data), "--prompt_column", "question"]
+    argv += ["--solution_column", "answer", "--long_prompts", "drop", "--warm_start_steps", "0", "--max_steps", "2"]
+    argv += ["--per_device_train_batch_size", "16", "--num_generations", "4", "--output_dir", str(tmp_path / "run")]
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert named in lines[0], lines[0]
+    assert not (tmp_path / "run" / "adapter_model.safetensors").exists()

@@ -16,6 +16,7 @@ from transformers import AutoConfig
 
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets, source_splits
 from hf_grpo.hardware import this_machine
+from hf_grpo.launch import plan_commands
 from hf_grpo.miniature.assets import (
     GSM8K,
     MATH,
@@ -116,6 +117,21 @@ def test_the_tiny_model_behind_a_server_is_refused_and_its_miniature_gets_a_mode
     assert "hf_grpo.vllm_standin " + swapped.after in capsys.readouterr().out  # the server loads that folder
     plain, _ = load_recipe(["recipes/tiny.yaml", "--miniature"], for_run=False)  # in-process: still built there
     assert plain.model.model_name_or_path == "tiny"
+
+
+def test_the_launched_training_processes_train_the_model_the_server_serves():
+    """The launcher of `tiny --miniature` with a vLLM server swapped in a model folder for its server, but the
+    training processes it started (given the server's --generation.base_url) kept the embedded tiny model: the
+    adapters they sent did not fit the server's model (a LoRA size mismatch mid-run with tiny_hidden_size: 32)."""
+    argv = ["recipes/tiny.yaml", "--generation.backend", "vllm_server", "--tiny_hidden_size", "32", "--miniature"]
+    recipe, _ = load_recipe(argv, for_run=False)
+    server, train = plan_commands(recipe, argv)
+    served = recipe.model.model_name_or_path
+    assert server.role == "server" and served in server.argv and served != "tiny", server.argv
+    train_argv = train.argv[train.argv.index("hf_grpo.train") + 1 :]
+    assert "--generation.base_url" in train_argv, train_argv
+    trained, _ = load_recipe(train_argv, for_run=False)  # as each training process loads it
+    assert trained.model.model_name_or_path == served
 
 
 def test_a_trl_server_without_a_generation_section_is_refused(tmp_path):

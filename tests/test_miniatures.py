@@ -162,3 +162,17 @@ def test_zero3_full_fine_tune_moves_every_weight(tmp_path, cache_env):
     trained, base = trained_and_built(out)
     unchanged = [name for name, t in base.items() if t.equal(trained[name])]
     assert not unchanged, unchanged
+
+
+def test_the_tiny_recipe_behind_a_server_trains_the_model_the_server_serves(tmp_path, cache_env):
+    """`tiny --miniature` with a vLLM server: the training processes built the embedded tiny model while the server
+    served the miniature's model folder, so the first adapter sync failed mid-run with a LoRA size mismatch (at
+    tiny_hidden_size 32; at 64 the shapes agreed by chance and the two sides used different tokenizers)."""
+    out = tmp_path / "run"
+    argv = ["tiny", "--miniature", "--generation.backend", "vllm_server", "--tiny_hidden_size", "32"]
+    code, log = train(*argv, "--output_dir", str(out), env=cache_env)
+    assert code == 0, log[-6000:]
+    assert history_steps(out) == [1, 2]
+    served = yaml.safe_load((out / "recipe.yaml").read_text())["model_name_or_path"]
+    assert f"hf_grpo.vllm_standin {served} " in log
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == served

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,3 +90,56 @@ def test_sigterm_mid_run_then_resume_auto_reaches_the_uninterrupted_adapter(poli
     assert a.keys() == b.keys() and a
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)  # bitwise: same ops, same order
+
+
+@pytest.mark.timeout(600)
+def test_a_resume_inside_a_generation_cycle_reaches_the_uninterrupted_adapter(policy_dir, tmp_path):
+    """Two optimizer steps per generation (``steps_per_generation 2``): checkpoint-1 falls inside a cycle, holding
+    TRL's batch besides the round sent ahead; resumed from it, the run trains on the rest of that batch and takes the
+    next cycle's round as sent, instead of generating at step 1 and every later cycle a step late."""
+    mark = f"overlap-cycle-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"}
+    straight_out, out = tmp_path / "straight", tmp_path / "run"
+    cycle = ["--max_steps", "4", "--steps_per_generation", "2", "--generation.max_staleness", "2"]
+    try:
+        straight = run([*command(policy_dir, straight_out), *cycle], env)
+        assert straight.returncode == 0, straight.stderr[-4000:]
+        checkpoint = straight_out / "checkpoint-1"
+        assert json.loads((checkpoint / MANIFEST).read_text())["mid_cycle"] is True
+        shutil.copytree(checkpoint, out / "checkpoint-1")
+        resumed = run([*command(policy_dir, out), *cycle, "--resume_from_checkpoint", str(out / "checkpoint-1")], env)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+    finally:
+        kill_marked(mark)
+    a = load_file(straight_out / "adapter_model.safetensors")
+    b = load_file(out / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.timeout(600)
+def test_a_resume_that_turns_sampling_features_on_starts_them_fresh_saying_so_before_loading(policy_dir, tmp_path):
+    """A checkpoint saved without overlap, dynamic sampling or prompt selection, resumed with them on, ended in a
+    FileNotFoundError traceback after the model loaded; now each starts fresh, said before anything loads."""
+    mark = f"overlap-fresh-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "run"
+    off = ["--generation.overlap", "false", "--dynamic_sampling", "false", "--max_steps", "1"]
+    on = ["--dynamic_sampling", "true", "--prompt_selection", "true", "--max_steps", "2"]
+    try:
+        first = run([*command(policy_dir, out), *off], env)
+        assert first.returncode == 0, first.stderr[-4000:]
+        resumed = run([*command(policy_dir, out), *on, "--resume_from_checkpoint", "auto"], env)
+    finally:
+        kill_marked(mark)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-4000:]
+    loaded = resumed.stderr.index("training on")  # logged once the trainer (and the model) is built
+    for said in (
+        "saved with dynamic_sampling false and this run has dynamic_sampling: true: dynamic sampling starts fresh",
+        "saved with prompt_selection false and this run has prompt_selection: true: prompt selection starts",
+        "saved with overlap false and this run has overlap: true: overlap starts fresh",
+    ):
+        assert -1 < resumed.stderr.find(said) < loaded, said
+    manifest = json.loads((out / "checkpoint-2" / MANIFEST).read_text())
+    assert manifest["overlap"] is manifest["dynamic_sampling"] is manifest["prompt_selection"] is True

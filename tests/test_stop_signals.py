@@ -17,7 +17,7 @@ import time
 import pytest
 
 from .helpers.common import REPO
-from .helpers.launching import COMMON, RUN_MARK, kill_marked, marked_processes, wait_until
+from .helpers.launching import COMMON, RUN_MARK, kill_marked, loads_torch, marked_processes, wait_until
 
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
@@ -113,3 +113,57 @@ def test_sigint_twice_to_the_launcher_stops_at_once_without_a_traceback(tmp_path
     finally:
         kill_marked(mark)
     assert_one_stop_line(err.read_text())
+
+
+def training_processes(mark: str, launcher: int) -> list[int]:
+    """The training processes of a launch (``python [-u] -m hf_grpo.train``, not the launcher nor its wrapper)."""
+    return [
+        pid
+        for pid, command in marked_processes(mark).items()
+        if "-m hf_grpo.train" in command and "hf_grpo.crash_log" not in command and pid != launcher
+    ]
+
+
+def starting(mark: str, launcher: int) -> bool:
+    """Both training processes of a 2-process launch exist and import torch."""
+    pids = training_processes(mark, launcher)
+    return len(pids) == 2 and all(loads_torch(pid) for pid in pids)
+
+
+def wrapper(mark: str) -> int:
+    """The pid of the launch's `accelerate launch` (run by hf_grpo.crash_log)."""
+    (pid,) = [pid for pid, command in marked_processes(mark).items() if "-m hf_grpo.crash_log" in command]
+    return pid
+
+
+@pytest.mark.parametrize(
+    ("target", "signame"),
+    [("launcher", "SIGTERM"), ("launcher", "SIGHUP"), ("accelerate launch", "SIGTERM")],
+)
+def test_a_stop_while_the_training_processes_start_ends_with_one_line_and_leaves_nothing(target, signame, tmp_path):
+    """The tests above signal a run that trains. In the start-up window (the training processes exist, importing
+    torch; nothing trains yet): SIGTERM to the launcher printed KeyboardInterrupt tracebacks from the training
+    processes; SIGHUP (a closed terminal) killed the launcher with no line; SIGTERM to `accelerate launch` left a
+    closing line pointing at an `hf_grpo: error:` line that was not there."""
+    mark = f"start-{os.getpid()}-{signame}-{time.monotonic_ns()}"
+    out, err = tmp_path / "run", tmp_path / "stderr.txt"
+    argv = [
+        sys.executable, "-m", "hf_grpo.train", *TINY_RUN, "--output_dir", str(out), "--num_processes", "2",
+        "--accelerate_config", "cpu", "--eval_before_after", "false",
+    ]  # fmt: skip
+    launcher = start(argv, mark, err)
+    try:
+        # both training processes exist and load torch: past their first lines (a signal in the milliseconds before
+        # those, while Python starts, is Python's); the launch is in its start-up, nothing trains yet
+        started = wait_until(lambda: launcher.poll() is not None or starting(mark, launcher.pid), 240)
+        assert started, (marked_processes(mark), err.read_text()[-3000:])
+        assert launcher.poll() is None and not training(out), err.read_text()[-3000:]  # started, not training
+        os.kill(launcher.pid if target == "launcher" else wrapper(mark), signal.Signals[signame])
+        assert launcher.wait(timeout=120) == 130, err.read_text()[-4000:]
+        assert wait_until(lambda: not marked_processes(mark), 60), marked_processes(mark)
+    finally:
+        kill_marked(mark)
+    text = err.read_text()
+    assert_one_stop_line(text)
+    assert "hf_grpo: error" not in text and "hf_grpo: training stopped" not in text, text[-3000:]
+    assert not (out / "hf_grpo.lock").exists()

@@ -364,18 +364,26 @@ def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> 
     return batch
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
-def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type):
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "sapo", "luspo", "bnpo", "dapo"])
+def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type, beta):
     """With grpo (mean over rows) and dr_grpo (rows x max length) TRL's normaliser counted the masked
-    fill rows, scaling the real rows' loss and gradient by real / all rows. TRL's own compute_loss on the real rows
-    and ours on the same rows plus a fill group must agree, for every loss type."""
+    fill rows, scaling the real rows' loss and gradient by real / all rows, the KL term's too. TRL's own compute_loss
+    on the real rows and ours on the same rows plus a fill group must agree, for every loss type."""
     trainer, output = scored
     trainer.loss_type, trainer.current_gradient_accumulation_steps = loss_type, 1
     trainer.model.train()
     rows = output["advantages"].size(0)  # advantages of one sign: a group-normalised batch's grpo loss is ~0
     output = {**output, "advantages": torch.linspace(0.5, 1.5, rows, device=output["advantages"].device)}
-    real = trl.GRPOTrainer.compute_loss(trainer, trainer.model, output)
-    padded = trainer.compute_loss(trainer.model, with_fill_group(output))
+    if beta:  # a reference policy a little off the current one: a KL term that counts
+        output["ref_per_token_logps"] = output["old_per_token_logps"] - 0.2
+    saved, trainer.beta = trainer.beta, beta
+    try:
+        real = trl.GRPOTrainer.compute_loss(trainer, trainer.model, output)
+        padded = trainer.compute_loss(trainer.model, with_fill_group(output))
+    finally:
+        trainer.beta = saved
+    assert trainer.beta == saved  # compute_loss put beta back
     assert padded.item() == pytest.approx(real.item(), rel=1e-5, abs=1e-7)
     assert real.abs().item() > 1e-6  # a loss that could differ
 

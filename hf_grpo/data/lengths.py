@@ -20,16 +20,38 @@ logger = logging.getLogger(__name__)
 CHUNK = 1000  # prompts tokenized per call
 
 
-def prompt_budget(context: int | None, max_completion_length: int) -> int | None:
-    """The most prompt tokens that leave room for a whole completion; None when the context is unknown."""
+RUN_CONTEXT = "generation.max_model_len, else the model's max_position_embeddings"  # what a run measures against
+
+
+def prompt_budget(
+    context: int | None, max_completion_length: int, key: str = "max_completion_length", source: str = RUN_CONTEXT
+) -> int | None:
+    """The most prompt tokens that leave room for a whole completion; None when the context is unknown. A
+    ``ValueError`` names ``key`` (the setting that gave the completion length) and ``source`` (where the context
+    came from) when there is no room: the recipe check, a run and ``hf-grpo eval --max-new-tokens`` all ask here."""
     if not context:
         return None
     if context <= max_completion_length:
         raise ValueError(
-            f"max_completion_length {max_completion_length} leaves no room for a prompt in a context of {context} "
-            "tokens (generation.max_model_len, else the model's max_position_embeddings): lower max_completion_length"
+            f"{key} {max_completion_length} leaves no room for a prompt in a context of {context} tokens ({source}): "
+            f"lower {key} below {context}"
         )
     return context - max_completion_length
+
+
+def context_limits(config) -> tuple[int, int] | None:
+    """(max_position_embeddings, the longest max_model_len vLLM allows: that times a rope scaling factor) of a model
+    config (its text config for a multimodal one); None when it names no context."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    context = getattr(config, "max_position_embeddings", None)
+    if not isinstance(context, int) or context < 1:
+        return None
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind, factor = scaling.get("rope_type", scaling.get("type")), scaling.get("factor")
+    if kind in ("su", "longrope", "llama3") or not isinstance(factor, (int, float)) or factor < 1:
+        return context, context  # vLLM's rule (_get_and_verify_max_len): these already count the scaling
+    base = scaling.get("original_max_position_embeddings", context) if kind == "yarn" else context
+    return context, int(base * factor)
 
 
 def prompt_lengths(

@@ -8,20 +8,17 @@ file works with explicit columns. Other columns are kept for the rewards. Preset
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 from dataclasses import dataclass, field
 
-import datasets.config
 import pyarrow.compute as pc
 from datasets import Dataset, LargeList, List, Value, load_dataset
-from datasets.exceptions import DatasetGenerationError
 from trl import ScriptArguments
 
 from ..rewards.grading import TASKS, check_gold_format, gsm8k_gold
 from . import arithmetic
+from .files import cache_must_be_writable, is_local_file, load_file
 
 
 logger = logging.getLogger(__name__)
@@ -52,7 +49,6 @@ ALIASES = {
     "openmathinstruct2": "nvidia/OpenMathInstruct-2",
 }
 EMBEDDED = ("arithmetic", "arithmetic_transfer")  # generated in code (hf_grpo.data.arithmetic), never downloaded
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 # Seed 002's r1_zero protocol: a plain-text prompt that opens the <think> block for the model.
 R1_ZERO_TEMPLATE = (
@@ -174,10 +170,6 @@ def eval_grader(args: DataArguments) -> str:
     The same grader as the recipe's correctness reward, so held-out accuracy measures what training optimizes.
     """
     return "r1_zero" if args.prompt_style == "r1_zero" else args.resolved(args.eval_dataset_name or None)["task"]
-
-
-def is_local_file(name: str) -> bool:
-    return os.path.splitext(name)[1].lower() in LOCAL_BUILDERS
 
 
 def format_prompt(question: str, args: DataArguments):
@@ -305,47 +297,16 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
         return Dataset.from_list(arithmetic.make_split(split, size, seed))
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")
     if mirror is not None:  # a local copy of this hub split (same schema), e.g. a miniature's
-        return _load_file(mirror)
+        return load_file(mirror)
     if is_local_file(name):
         if not os.path.exists(name):
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
-        return _load_file(name)
+        return load_file(name)
     try:
-        with _cache_must_be_writable():
+        with cache_must_be_writable():
             return load_dataset(name, config, split=split)
     except ValueError as exc:  # unknown split: datasets names the available ones
         raise ValueError(f"dataset {name!r} (config {config!r}) has no split {split!r}: {exc}") from None
-
-
-@contextlib.contextmanager
-def _cache_must_be_writable():
-    """A datasets cache that cannot be written (a read-only ``HF_HOME``) as a ``ValueError`` naming it and the fix."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        raise ValueError(
-            f"cannot write the datasets cache ({exc.strerror}: {exc.filename}): set HF_DATASETS_CACHE (or HF_HOME) "
-            f"to a writable folder; it is {datasets.config.HF_DATASETS_CACHE} now"
-        ) from None
-
-
-def _load_file(path: str) -> Dataset:
-    """A local data file as one split; a file that is not UTF-8 (a spreadsheet's cp1252 CSV) is a ``ValueError``
-    naming the file, the first byte that is not and the fix, rather than datasets' ``DatasetGenerationError``."""
-    try:
-        with _cache_must_be_writable():
-            return load_dataset(LOCAL_BUILDERS[os.path.splitext(path)[1].lower()], data_files=path, split="train")
-    except DatasetGenerationError as exc:
-        bad = exc.__cause__
-        if not isinstance(bad, UnicodeDecodeError):
-            raise
-        byte, near = bad.object[bad.start : bad.start + 1], bad.object[max(0, bad.start - 20) : bad.start + 20]
-        raise ValueError(
-            f"dataset file {path!r} is not UTF-8 text: byte {byte.hex()} in {near!r}; save it as UTF-8 (for a "
-            f"Windows-1252 file: iconv -f cp1252 -t utf-8 {path} > utf8{os.path.splitext(path)[1]})"
-        ) from None
 
 
 def source_splits(args: DataArguments) -> dict[str, tuple[dict, str]]:

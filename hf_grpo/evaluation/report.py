@@ -5,6 +5,8 @@ them with the model card from a finished run's files::
 
 ``hf_grpo.pipeline`` calls ``write_report`` with the run's result in memory after training; ``main`` reads it with
 ``hf_grpo.results.RunResult.load`` and writes the figure, ``summary.md`` and ``README.md`` (the model card) again.
+Neither replaces a ``summary.md`` or ``README.md`` hf_grpo did not write; ``main`` refuses, before writing anything, a
+folder that holds no run (``run_files.is_run_folder``) and a run whose ``summary.md`` or ``README.md`` is the user's.
 """
 
 from __future__ import annotations
@@ -14,23 +16,48 @@ import logging
 import sys
 from pathlib import Path
 
-from ..card import write_local_card
+from ..card import CARD_FILE, CARD_SIGNS, write_local_card
 from ..results import RunFileError, RunResult, as_run_result
-from ..run_files import PLOT_FILE, SUMMARY_FILE
+from ..run_files import PLOT_FILE, SUMMARY_FILE, foreign_file, is_run_folder, replacing, write_text
 from .plot import plot_training
 from .summary import summary_markdown
 
 
 logger = logging.getLogger(__name__)
 
+SUMMARY_SIGNS = ("# Training summary: ",)  # how summary_markdown starts summary.md
+
 
 def write_report(run: RunResult | str | Path) -> Path:
     """Plot the run (a ``RunResult``, or the output_dir of a finished run) and write its Markdown summary; returns the
-    plot's path."""
+    plot's path. A ``summary.md`` hf_grpo did not write is left as it is, with a warning."""
     run = as_run_result(run)
-    plot = plot_training(run.history, run.output_dir / PLOT_FILE, run.evaluations, run.gain)
-    (run.output_dir / SUMMARY_FILE).write_text(summary_markdown(run))
-    return plot
+    with replacing(run.output_dir / PLOT_FILE) as tmp:
+        plot_training(run.history, tmp, run.evaluations, run.gain)
+    summary = run.output_dir / SUMMARY_FILE
+    if foreign_file(summary, SUMMARY_SIGNS) is not None:
+        logger.warning("%s was not written by hf_grpo: left as it is, and the run's summary is not written", summary)
+    else:
+        write_text(summary, summary_markdown(run))
+    return run.output_dir / PLOT_FILE
+
+
+def report_problem(output_dir: Path) -> str | None:
+    """Why ``main`` must not write into ``output_dir``: no run of hf_grpo there, or a ``summary.md`` or
+    ``README.md`` of the user's that it would replace; None when it may."""
+    if not is_run_folder(output_dir):
+        return (
+            f"{str(output_dir)!r} holds no hf_grpo run (no recipe.yaml, versions.json or training_history.json "
+            "written by a run): pass the output_dir of a run; nothing was written"
+        )
+    for name, signs in ((SUMMARY_FILE, SUMMARY_SIGNS), (CARD_FILE, CARD_SIGNS)):
+        user_file = foreign_file(output_dir / name, signs)
+        if user_file is not None:
+            return (
+                f"{user_file} was not written by hf_grpo and would be replaced: move it out of the run's folder (or "
+                "delete it), then run this again; nothing was written"
+            )
+    return None
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.evaluation.report") -> int:
@@ -44,6 +71,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.evaluatio
     args = parser.parse_args(argv)
     if not Path(args.output_dir).is_dir():
         print(f"{parser.prog}: error: {args.output_dir!r} is not a directory", file=sys.stderr)  # noqa: T201
+        return 2
+    problem = report_problem(Path(args.output_dir))
+    if problem is not None:
+        print(f"{parser.prog}: error: {problem}", file=sys.stderr)  # noqa: T201
         return 2
     try:
         run = RunResult.load(args.output_dir)

@@ -174,7 +174,8 @@ def miniaturize(
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
             swap(category, key, limit, why)
 
-    server = generation.get("backend") == "vllm_server" and not generation.get("base_url")
+    # the launcher's training processes get its server's --generation.base_url: they decide as the launcher did
+    server = generation.get("backend") == "vllm_server"
     _swap_model_and_data(data, reward_funcs, current, swap, mini, server)
     processes = _swap_processes(current, swap, mini)
     _swap_sizes(current, swap, at_most, processes)

@@ -12,13 +12,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import local_models
 from ..config import ModelArguments
-from ..data.loaders import LOCAL_BUILDERS, TRL_COLUMNS, DataArguments, is_local_file
+from ..data.files import LOCAL_BUILDERS, cut_last_line
+from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file
+from ..evaluation.checks import check_weights
 from ..generation.cycle import overlap_cycle
 from ..generation.layout import GenerationArguments, check_generation
 from ..process_layout import Layout
 from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
 from ..rewards.grading import TASKS
+from ..run_files import output_dir_problem
+from .plan import check_rows
 from .schema import BatchPlan, RecipeError, default_of
 from .values import clipped, shown
 
@@ -76,10 +81,18 @@ def _check_dataset_file(key: str, name: Any) -> None:
 
 
 def _check_output_dir(output_dir: Any) -> None:
-    """``output_dir`` (or the nearest of its parents that exists) must be a directory: mkdir fails after loading."""
+    """``output_dir`` (or the nearest of its parents that exists) must be a directory: mkdir fails after loading.
+    It must not be a filesystem root, the home folder or a folder of the user's (``run_files.output_dir_problem``):
+    a run writes its adapter, ``base_model/``, ``README.md`` and ``summary.md`` there."""
     if not isinstance(output_dir, str):
         return
     path = Path(output_dir).expanduser()
+    problem = output_dir_problem(path)
+    if problem is not None:
+        raise RecipeError(
+            f"output_dir {shown(output_dir)} {problem}: a run writes its adapter, README.md and summary.md there; "
+            "choose a new or empty folder such as outputs/run (or a run's own output_dir, to resume it)"
+        )
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         what = "is an existing file" if existing == path else f"is under {shown(str(existing))}, which is a file"
@@ -107,31 +120,42 @@ def _writable(directory: Path) -> bool:
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "adapter_model.*")
 
 
-def _check_model_folder(folder: Path) -> None:
-    """A local model folder holds a config and weights (an empty folder or an unfinished copy otherwise fails only
-    when ``from_pretrained`` runs, with transformers' traceback)."""
-    if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
+def _check_model(model: Any, built_later: set[str]) -> None:
+    """A local model folder (a packaged model's once ``hf-grpo model get`` made it) holds a config and whole weights,
+    read from their headers (``evaluation.checks.check_weights``); an empty folder, an unfinished copy or a damaged
+    file otherwise fails only when ``from_pretrained`` runs, with a traceback. A packaged model not made yet, or a hub
+    id offline and not cached, is for ``checks_env.check_hardware``: a dry run may be for another machine."""
+    if not isinstance(model, str) or model in built_later or model == "tiny":  # tiny: built in code, no folder
+        return
+    folder = Path(local_models.resolve(model) or model).expanduser()
+    if model.startswith(("./", "../", "/", "~")) and not folder.exists():
+        raise RecipeError(f"model_name_or_path: local path {shown(model)} does not exist")
+    if not folder.is_dir():
+        return
+    packaged = local_models.resolve(model) is not None  # whole when its files have its manifest's sizes
+    if packaged and (problem := local_models.folder_problem(model)) is not None:
+        raise RecipeError(f"model_name_or_path: {problem}")
+    if not packaged and not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
         raise RecipeError(
             f"model_name_or_path: folder {shown(str(folder))} has no config.json (an empty folder or an "
             "unfinished download?); point it at a folder written by save_pretrained"
         )
-    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+    if not packaged and not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise RecipeError(
             f"model_name_or_path: folder {shown(str(folder))} has a config.json but no weights "
             "(model.safetensors, model-*.safetensors or pytorch_model*.bin); copy them there or fix the path"
         )
+    try:
+        check_weights(folder)
+    except ValueError as exc:
+        raise RecipeError(f"model_name_or_path: {exc}") from None
 
 
 def check_files(values: dict, built_later: set[str] = frozenset()) -> None:
     """Every file, directory and reward the recipe names exists (``built_later``: a model a miniature builds)."""
     for key in ("dataset_name", "eval_dataset_name"):
         _check_dataset_file(key, values.get(key))
-    model = values.get("model_name_or_path")
-    local = isinstance(model, str) and model.startswith(("./", "../", "/", "~"))
-    if local and model not in built_later and not Path(model).expanduser().exists():
-        raise RecipeError(f"model_name_or_path: local path {shown(model)} does not exist")
-    if isinstance(model, str) and model not in built_later and Path(model).expanduser().is_dir():
-        _check_model_folder(Path(model).expanduser())
+    _check_model(values.get("model_name_or_path"), built_later)
     _check_output_dir(values.get("output_dir"))
     deepspeed = values.get("deepspeed")
     if isinstance(deepspeed, str) and not Path(deepspeed).expanduser().is_file():
@@ -171,6 +195,8 @@ def check_data(data: DataArguments) -> None:
             )
         if not is_local_file(name):
             continue  # a hub dataset's columns are checked when it loads, before the model (hf_grpo.train.run)
+        if name.lower().endswith(".jsonl"):
+            _check_last_line(name)
         columns = _local_columns(name)
         for key in ("prompt_column", "solution_column"):
             default = TRL_COLUMNS[key]  # a dataset in TRL's format: used when the data has the column
@@ -179,6 +205,18 @@ def check_data(data: DataArguments) -> None:
                     f"dataset {shown(name)} has no {default!r} column (TRL's name), so set {key} to the column "
                     f"that holds it{f'; columns: {sorted(columns)}' if columns else ''}"
                 )
+
+
+def _check_last_line(path: str) -> None:
+    """A JSON Lines file whose last line does not parse (a copy or a download that stopped) is refused here, before
+    a launcher starts a server or a model loads; any other bad line is named when the data loads
+    (``hf_grpo.data.files.load_file``), still before the model."""
+    try:
+        problem = cut_last_line(str(Path(path).expanduser()))
+    except OSError:
+        return  # unreadable: the load says why
+    if problem is not None:
+        raise RecipeError(f"dataset file {shown(path)} holds a bad {problem}")
 
 
 def _local_columns(path: str) -> set[str]:
@@ -254,13 +292,8 @@ def check_steps(values: dict, plan: BatchPlan, data: DataArguments) -> None:
     if data.resolved()["name"] == "arithmetic":
         bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
     rows, key = min(bounds, default=(None, None))
-    if rows is not None and plan.prompts_per_generation > rows:
-        raise RecipeError(
-            f"per_device_train_batch_size {plan.per_device_train_batch_size}: one generation needs "
-            f"{plan.prompts_per_generation} prompts ({plan.completions_per_generation} completions / num_generations "
-            f"{plan.num_generations}) but the training data has at most {rows} rows ({key}), so the run would make 0 "
-            "optimizer steps; lower per_device_train_batch_size (or steps_per_generation), or use more data"
-        )
+    if rows is not None:  # the rows as loaded are checked again when the data loads (hf_grpo.pipeline)
+        check_rows(plan, rows, f"the training data has at most {rows} rows ({key})")
 
 
 def check_generation_section(generation: GenerationArguments, model: ModelArguments, values: dict) -> None:

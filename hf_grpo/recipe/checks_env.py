@@ -15,7 +15,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
 from .. import local_models
 from ..config import ModelArguments
+from ..data.lengths import context_limits, prompt_budget
 from ..data.loaders import PRESETS, DataArguments, is_local_file, source_splits
+from ..evaluation.checks import check_hub_id
 from ..generation.layout import GenerationArguments
 from ..hardware import MINIATURE_HINT, hardware_problems
 from ..hub_token import env_token
@@ -162,21 +164,11 @@ def check_lora_targets(model: ModelArguments, values: dict, built_later: set) ->
 
 
 def _contexts(model: ModelArguments, trust_remote_code: bool) -> tuple[int, int] | None:
-    """(max_position_embeddings, the longest max_model_len vLLM allows: that times a rope scaling factor) of the
-    policy; None when its config cannot be read here."""
+    """The policy's ``context_limits``; None when its config cannot be read here."""
     if model.model_name_or_path == "tiny":
         return TINY_CONTEXT, TINY_CONTEXT
     config = _local_config(model, trust_remote_code)
-    config = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
-    context = getattr(config, "max_position_embeddings", None)
-    if not isinstance(context, int) or context < 1:
-        return None
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind, factor = scaling.get("rope_type", scaling.get("type")), scaling.get("factor")
-    if kind in ("su", "longrope", "llama3") or not isinstance(factor, (int, float)) or factor < 1:
-        return context, context  # vLLM's rule (_get_and_verify_max_len): these already count the scaling
-    base = scaling.get("original_max_position_embeddings", context) if kind == "yarn" else context
-    return context, int(base * factor)
+    return context_limits(config) if config is not None else None
 
 
 def check_sizes(
@@ -212,22 +204,45 @@ def check_sizes(
     if lengths:  # as the run measures prompts: the engine's length replaces the model's
         key = min(lengths, key=lengths.get)
         context, source = lengths[key], key
-    if completion >= context:
-        raise RecipeError(
-            f"max_completion_length {completion} leaves no room for a prompt in a context of {context} "
-            f"tokens ({source}): lower max_completion_length below {context}"
-        )
+    try:
+        prompt_budget(context, completion, source=source)
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+
+
+def model_problem(name: str, revision: str | None, env: dict[str, str]) -> str | None:
+    """Why this machine cannot load the policy ``name`` (a local folder is ``checks.check_files``'): a packaged model
+    not made yet (``hf-grpo model get``), or offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) a hub id whose config
+    and weights are not in the hub cache, which the known names and a close one answer. With a hub nothing is asked
+    of it here: ``from_pretrained`` downloads it, or says why not."""
+    if local_models.resolve(name) is not None:
+        return local_models.folder_problem(name)
+    if name == "tiny" or name.startswith(("./", "../", "/", "~")) or Path(name).expanduser().exists():
+        return None
+    try:
+        offline = _is_set("HF_HUB_OFFLINE", env) or _is_set("TRANSFORMERS_OFFLINE", env)
+        check_hub_id(name, offline=offline, revision=revision)
+    except (ValueError, FileNotFoundError) as exc:
+        return str(exc)
+    return None
 
 
 def check_hardware(
-    values: dict, layout: Layout, generation: GenerationArguments, vllm_standin: bool, for_run: bool
+    values: dict,
+    layout: Layout,
+    generation: GenerationArguments,
+    vllm_standin: bool,
+    for_run: bool,
+    env: dict[str, str] | None = None,
 ) -> list[str]:
-    """What this machine cannot run (``vllm_standin``: CPU stand-ins may replace vLLM, as in a miniature); for a run
-    (not a dry run) any of it is an error."""
+    """What this machine cannot run (``vllm_standin``: CPU stand-ins may replace vLLM, as in a miniature), the policy
+    it cannot load included (``model_problem``; ``env``: the recipe's); for a run (not a dry run) any of it is an
+    error, before any model loads."""
     hardware = hardware_problems(values, key_defaults(), layout, generation, vllm_standin=vllm_standin)
     name = values.get("model_name_or_path")
-    if isinstance(name, str) and local_models.resolve(name) is not None and not local_models.is_ready(name):
-        hardware.append(f"model_name_or_path: {local_models.missing_message(name)}")
+    problem = model_problem(name, values.get("model_revision"), env or {}) if isinstance(name, str) else None
+    if problem is not None:
+        hardware.append(f"model_name_or_path: {problem}")
     if hardware and for_run:
         hint = "" if vllm_standin else f"; {MINIATURE_HINT}"
         raise RecipeError("this machine cannot run it: " + " | ".join(hardware) + hint)

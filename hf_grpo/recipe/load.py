@@ -21,6 +21,8 @@ from ..process_layout import (
     LaunchArguments,
     Layout,
     loopback_host_problem,
+    main_address_problem,
+    main_port_problem,
     resolve_layout,
     shipped_dir,
     unnamed_node_message,
@@ -75,7 +77,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
         checks_env.check_sizes(model, values, generation, env, built_later)
         checks.check_precision(model, layout)
-        hardware = checks_env.check_hardware(values, layout, generation, miniature.active, for_run)
+        hardware = checks_env.check_hardware(values, layout, generation, miniature.active, for_run, env)
         training = _training_config(values, plan, generation, model.use_peft, layout, for_run)
         checks.check_overlap_cycle(generation, plan, training.num_iterations)
     if nested["generation"]:
@@ -202,8 +204,19 @@ def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature, for_r
     rank, machines = layout.machine_rank, layout.num_machines
     if machines > 1 and rank is not None and not 0 <= rank < machines:
         raise RecipeError(f"machine_rank is {rank}, but num_machines is {machines}: use 0 to {machines - 1}")
+    if layout.num_processes % machines:  # accelerate would start num_processes // num_machines on each, silently
+        raise RecipeError(
+            f"num_processes {layout.num_processes} does not divide among num_machines {machines}: every machine runs "
+            f"the same number of training processes; use a multiple of {machines}"
+        )
     if for_run and machines > 1 and not miniature.active and not inside_launch() and not layout.names_node():
         raise RecipeError(unnamed_node_message(machines))
+    if machines > 1 and layout.main_process_ip and not inside_launch():  # before launching: the rendezvous
+        source = "main_process_ip" if launch.main_process_ip else "$MASTER_ADDR"  # would retry it for minutes
+        if problem := main_address_problem(layout.main_process_ip, source, resolve=for_run):
+            raise RecipeError(problem)
+        if for_run and rank == 0 and (problem := main_port_problem(layout.main_process_port)):
+            raise RecipeError(problem)
     if for_run and (problem := loopback_host_problem(layout, gloo=not torch.cuda.is_available())):
         raise RecipeError(problem)  # before any process group waits on an address no peer reaches
     layout.mixed_precision = miniature.mixed_precision or layout.mixed_precision

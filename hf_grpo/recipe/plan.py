@@ -51,3 +51,17 @@ def batch_plan(values: dict, num_processes: int) -> BatchPlan:
             f"divisible by num_generations_eval {g_eval}; set per_device_eval_batch_size to a multiple of {g_eval}"
         )
     return plan
+
+
+def check_rows(plan: BatchPlan, rows: int, data: str) -> None:
+    """RecipeError unless ``rows`` training rows fill one generation: TRL's sampler draws ``prompts_per_generation``
+    distinct prompts and drops a partial batch, so with fewer the run makes 0 optimizer steps and saves an untrained
+    model. ``data`` says which rows were counted (``the training data has at most 10 rows (max_train_samples)``)."""
+    if rows >= plan.prompts_per_generation:
+        return
+    raise RecipeError(
+        f"one generation needs {plan.prompts_per_generation} prompts (per_device_train_batch_size "
+        f"{plan.per_device_train_batch_size} x steps_per_generation {plan.steps_per_generation} x "
+        f"{plan.num_processes} processes / num_generations {plan.num_generations}) but {data}, so the run would make "
+        "0 optimizer steps; lower per_device_train_batch_size (or steps_per_generation), or use more data"
+    )

@@ -2,6 +2,7 @@
 
     hf-grpo recipes ls                    # each shipped recipe with the first line of its comment
     hf-grpo recipes cp qwen7b my.yaml     # a copy to edit (refuses to overwrite without --force)
+    hf-grpo recipes cp tiny configs/      # into a folder, created when DEST ends in /
     hf-grpo train qwen7b --dry-run        # a shipped recipe by name, wherever the command runs
 
 A wheel carries the recipes inside the package (``hf_grpo/recipes``); a source checkout has them next to it
@@ -12,11 +13,13 @@ always wins over a name.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from ..process_layout import shipped_dir
+from ..run_files import replacing
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -44,16 +47,27 @@ def summary(path: Path) -> str:
 
 
 def copy(name: str, dest: str | None, force: bool) -> Path:
-    """Copy the shipped recipe ``name`` to ``dest`` (default ``./NAME.yaml``; a folder gets ``NAME.yaml`` inside)."""
+    """Copy the shipped recipe ``name`` to ``dest`` (default ``./NAME.yaml``; a folder gets ``NAME.yaml`` inside, and
+    ``DIR/`` that does not exist yet is created). The copy goes to a temporary file beside the target, renamed over it
+    once whole: a full disk leaves the file ``--force`` would have replaced as it was."""
     source = find(name)
     if source is None:
         raise ValueError(f"no shipped recipe is called {name!r}; pass {names_hint()}")
     target = Path(dest) if dest else Path(source.name)
+    if dest and dest.endswith(("/", os.sep)):  # a folder, by its trailing slash
+        target.mkdir(parents=True, exist_ok=True)
     if target.is_dir():
         target = target / source.name
     if target.exists() and not force:
         raise ValueError(f"{target} exists; pass --force to overwrite it, or another destination")
-    shutil.copyfile(source, target)
+    if not target.parent.is_dir():
+        raise ValueError(f"folder {target.parent} does not exist; create it first (a DEST ending in / is created)")
+    try:
+        with replacing(target) as tmp:
+            shutil.copyfile(source, tmp)
+    except OSError as exc:
+        kept = "it is left as it was" if target.exists() else "nothing was written"
+        raise ValueError(f"could not write {target} ({exc.strerror or exc}); {kept}") from None
     return target
 
 

@@ -137,20 +137,38 @@ def _read_text(path: Path) -> str:
         raise RecipeError(f"{path}: cannot be read: {exc.strerror}") from None
 
 
+ODD_SPACES = "\u00a0\u2007\u202f"  # no-break spaces: pasted from a web page, they look like spaces but are not
+SPACE_AFTER_INDICATOR = re.compile(f"[:-]([{ODD_SPACES}])")  # where YAML needs a plain space
+
+
+def _space_name(char: str) -> str:
+    return {"\t": "a tab", "\u00a0": "a no-break space (U+00A0)"}.get(char, f"U+{ord(char):04X}")
+
+
 def _check_indentation(path: Path, text: str) -> None:
     """YAML indents with spaces only: a no-break space or a tab there (pasted from a web page or an editor) makes
     the parser point at the next line, or read the line as part of a value; name the line and the character."""
     for number, line in enumerate(text.splitlines(), start=1):
-        indent = line[: len(line) - len(line.lstrip(" \t\u00a0\u2007\u202f"))]
+        indent = line[: len(line) - len(line.lstrip(" \t" + ODD_SPACES))]
         odd = next((c for c in indent if c not in " \t"), None)
         if odd is None and line.startswith("\t"):  # a tab after spaces may be a block scalar's text
             odd = "\t"
         if odd is not None and line.strip() and not line.lstrip().startswith("#"):
-            name = {"\t": "a tab", "\u00a0": "a no-break space (U+00A0)"}.get(odd, f"U+{ord(odd):04X}")
             raise RecipeError(
-                f"{path}: line {number} is indented with {name}; YAML indents with plain spaces only: replace it "
-                f"with spaces ({shown(line.strip()[:60])})"
+                f"{path}: line {number} is indented with {_space_name(odd)}; YAML indents with plain spaces only: "
+                f"replace it with spaces ({shown(line.strip()[:60])})"
             )
+
+
+def _odd_space_before(text: str, last_line: int) -> tuple[int, str, str] | None:
+    """(line number, character, line) of the first no-break space after a ``:`` or ``-`` on lines 1 to
+    ``last_line``, where the parser failed: there it glues ``key:`` and the value into one scalar, and the parser
+    gives up a line later. (In a quoted value it is text, and a later error is not its.)"""
+    for number, line in enumerate(text.splitlines()[:last_line], start=1):
+        found = SPACE_AFTER_INDICATOR.search(line)
+        if found is not None and not line.lstrip().startswith("#"):
+            return number, found.group(1), line
+    return None
 
 
 def read_yaml(path: Path) -> dict:
@@ -161,6 +179,13 @@ def read_yaml(path: Path) -> dict:
         data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
+        odd = _odd_space_before(text, mark.line + 1) if mark else None
+        if odd is not None:
+            number, char, line = odd
+            raise RecipeError(
+                f"{path}: invalid YAML: line {number} holds {_space_name(char)} where YAML needs a plain space; "
+                f"replace it with a space ({shown(line.strip()[:60])})"
+            ) from None
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise RecipeError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     if data is None or data == {}:

@@ -105,3 +105,12 @@ def launched(command: list[str], mark: str, env: dict | None = None, **popen):
         kill_marked(mark)
         if launcher.poll() is None:
             launcher.kill()
+
+
+def loads_torch(pid: int) -> bool:
+    """Whether process ``pid`` has started importing torch (its library is mapped): a ``python -m hf_grpo.train``
+    is then past its first lines, where it sets up its stop handling. False once it is gone."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False

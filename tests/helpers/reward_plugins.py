@@ -217,3 +217,19 @@ def one_too_many(completions, **kwargs) -> list[float]:
 def one_too_many_on_rank_1(completions, **kwargs) -> list[float]:
     """Right on every training process but rank 1 (``RANK`` of ``accelerate launch``), where it breaks the contract."""
     return one_too_many(completions) if os.environ.get("RANK") == "1" else as_list(completions)
+
+
+def fills_the_disk_after_checkpoint_1(completions, run: str, leave: int, **kwargs) -> list[float]:
+    """0.0 per completion; once ``checkpoint-1`` of the run in ``run`` is complete (its manifest), fills the filesystem
+    it lives on with ``run/../filler`` but for ``leave`` bytes (``reward_kwargs``), so that the next checkpoint's
+    writes run out of space part way (the disk filling up mid-run)."""
+    filler = os.path.join(run, os.pardir, "filler")
+    if os.path.isfile(os.path.join(run, "checkpoint-1", "hf_grpo_checkpoint.json")) and not os.path.exists(filler):
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(bytes(1 << 12))
+            except OSError:
+                pass
+            f.truncate(max(f.tell() - leave, 0))
+    return [0.0] * len(completions)
