@@ -8,7 +8,10 @@ Every bar comes from ``progress_bar``, which applies the same rules everywhere:
 - ``enabled=None`` (the default) shows it only where someone watches: tqdm's ``disable=None`` hides a text bar when
   stderr is not a terminal (a log file, a pipe, captured test output), and ``tqdm.notebook`` always shows its widget;
   ``enabled=True`` forces it on (even when stderr is redirected), ``enabled=False`` off;
-- a trainer's ``disable_tqdm`` (transformers' training argument) turns them off: ``enabled_for(args)``.
+- a trainer's ``disable_tqdm`` (transformers' training argument) turns them off: ``enabled_for(args)``;
+- ``log_lines=True`` (a long wait: generating for an evaluation): where an automatic bar would not show (stderr is a
+  log file or a pipe, not a notebook), a ``ProgressLog`` logs the count, the rate and the time left every
+  ``LOG_EVERY`` seconds instead, and a last line with the total time if it logged any.
 
 tqdm reads ``TQDM_*`` environment variables (``TQDM_MININTERVAL=5``...) as defaults for its keyword arguments; an
 argument passed here wins, so ``TQDM_DISABLE`` does not switch these bars on or off: ``enabled`` does.
@@ -16,9 +19,17 @@ argument passed here wins, so ``TQDM_DISABLE`` does not switch these bars on or 
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
 from typing import Self
 
 from tqdm.auto import tqdm
+
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY = 30.0  # seconds between two progress lines of a ProgressLog
 
 
 def is_main_process() -> bool:
@@ -33,12 +44,68 @@ def enabled_for(args) -> bool | None:
     return False if getattr(args, "disable_tqdm", False) else None
 
 
-def progress_bar(total: int | None, desc: str, *, enabled: bool | None = None, **kwargs) -> tqdm:
+def progress_bar(
+    total: int | None, desc: str, *, enabled: bool | None = None, log_lines: bool = False, **kwargs
+) -> tqdm | ProgressLog:
     """A ``tqdm.auto`` bar following the module's rules (main process only; ``enabled`` None = only on a terminal
-    or in a notebook). ``kwargs`` go to tqdm (``unit``, ``leave``...). Use it as a context manager, or ``close()``."""
+    or in a notebook, else, with ``log_lines``, a ``ProgressLog``). ``kwargs`` go to tqdm (``unit``, ``leave``...).
+    Use it as a context manager, or ``close()``."""
     if enabled is not False and not is_main_process():  # (a bar that is off asks accelerate nothing)
         enabled = False
+    if enabled is None and log_lines and not bar_shows():
+        return ProgressLog(total, desc, kwargs.get("unit", "it"))
     return tqdm(total=total, desc=desc, disable=None if enabled is None else not enabled, dynamic_ncols=True, **kwargs)
+
+
+def bar_shows() -> bool:
+    """Whether an automatic bar shows: in a notebook (``tqdm.auto`` is its widget) or on a terminal (stderr)."""
+    notebook = any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
+    return notebook or (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+
+
+class ProgressLog:
+    """What a bar would show, as log lines for a log file: ``evaluate: generate: 64/300 problems (21%), 5.3
+    problems/s, 00:44 left`` every ``LOG_EVERY`` seconds (at the first update after it), and at ``close`` a line with
+    the total time if it logged any. The part of tqdm's interface this package uses."""
+
+    disable = False
+
+    def __init__(self, total: int | None, desc: str, unit: str = "it"):
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.start = self.last = time.monotonic()
+        self.logged = False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= LOG_EVERY:
+            self.last, self.logged = now, True
+            logger.info("%s", self.line(now))
+
+    def set_postfix_str(self, text: str) -> None:  # (a bar's extra text: not logged)
+        pass
+
+    def line(self, now: float) -> str:
+        """The progress so far: count, share of the total, rate and the time left at that rate."""
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.n / elapsed
+        done = f"{self.n}/{self.total} {self.unit}s ({100 * self.n / self.total:.0f}%)" if self.total else f"{self.n}"
+        left = ""
+        if self.total and rate > 0:
+            left = f", {tqdm.format_interval((self.total - self.n) / rate)} left"
+        return f"{self.desc}: {done}, {rate:.1f} {self.unit}s/s{left}"
+
+    def close(self) -> None:
+        if self.logged:
+            elapsed = time.monotonic() - self.start
+            logger.info("%s: %d %ss in %s", self.desc, self.n, self.unit, tqdm.format_interval(elapsed))
+            self.logged = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class DeferredBar:

@@ -198,3 +198,42 @@ def test_png_has_one_axis_per_panel_plus_the_clipped_axis(tmp_path):
     odd = training_figure(history(), EVAL)  # three panels: the accuracy panel spans the top row
     assert odd.axes[0].get_position().width > 2 * odd.axes[1].get_position().width
     assert training_figure([]).axes == []  # nothing logged: a figure with a line of text, no empty panels
+
+
+def crossing_history(spread: float) -> tuple[list[dict], dict]:
+    """40 steps whose train accuracy zigzags over ``spread`` and a held-out curve rising from 0.4 to 0.7: lines all
+    over the accuracy panel, so no corner of it is free (a legend at "best" lands on whatever else is there)."""
+    rows = history(steps=40, beta=0.04, periodic=5)  # with KL: four panels, the accuracy panel half as wide
+    for row in rows[:-1]:
+        row["accuracy"] = row["reward"] = row["rewards/gsm8k_correctness/mean"] = (
+            0.05 + spread * (row["step"] * 7 % 10) / 10
+        )
+        if "eval/accuracy" in row:
+            row["eval/accuracy"] = 0.4 + 0.3 * row["step"] / 40
+    results = {"before": {"accuracy": 0.4, "total": 200}, "after": {"accuracy": 0.7, "total": 200}}
+    gain = {**GAIN, "before_accuracy": 0.4, "after_accuracy": 0.7, "gain": 0.3, "ci95": [0.2, 0.4]}
+    return rows, {**results, "gain": gain}
+
+
+@pytest.mark.parametrize("spread", [0.05, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("odd", [False, True])
+def test_the_legend_covers_neither_the_gain_nor_the_title(spread, odd):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows, results = crossing_history(spread)
+    if odd:  # without KL: three panels, the accuracy panel spans the top row
+        rows = [{k: v for k, v in row.items() if k != "kl"} for row in rows]
+    figure = training_figure(rows, results)
+    FigureCanvasAgg(figure).draw()
+    renderer = figure.canvas.get_renderer()
+    accuracy = figure.axes[0]
+    (gain,) = [t for t in accuracy.texts if "pts" in t.get_text()]
+    boxes = {
+        "legend": accuracy.get_legend().get_window_extent(renderer),
+        "gain": gain.get_window_extent(renderer),
+        "title": accuracy.title.get_window_extent(renderer),
+    }
+    for a, b in [("legend", "gain"), ("legend", "title"), ("gain", "title")]:
+        assert not boxes[a].overlaps(boxes[b]), f"the {a} covers the {b}: {boxes[a]} and {boxes[b]}"
+    page = figure.bbox
+    assert page.x0 <= boxes["gain"].x0 and boxes["gain"].x1 <= page.x1 and boxes["title"].y1 <= page.y1

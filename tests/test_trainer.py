@@ -360,7 +360,10 @@ def test_the_task_evaluator_follows_ds3_gather_for_generation(tmp_path, monkeypa
     monkeypatch.setattr(core, "generate", lambda model, tokenizer, prompts, *a, **k: [["#### 4"] for _ in prompts])
     args = tiny_config(tmp_path, ds3_gather_for_generation=gather)
     evaluator = TaskEvaluator(Dataset.from_dict({"prompt": ["2 + 2?"], "solution": ["#### 4"]}), "gsm8k", args)
-    trainer = SimpleNamespace(model_wrapped=torch.nn.Linear(1, 1), accelerator=None, args=args, reward_funcs=[])
+    accelerator = SimpleNamespace(
+        num_processes=1, device=torch.device("cpu"), state=SimpleNamespace(deepspeed_plugin=None)
+    )
+    trainer = SimpleNamespace(model_wrapped=torch.nn.Linear(1, 1), accelerator=accelerator, args=args, reward_funcs=[])
     try:
         result = evaluator.run(trainer.model_wrapped, None, label="periodic", trainer=trainer)
     finally:

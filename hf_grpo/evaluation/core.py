@@ -88,44 +88,69 @@ def generate(
     progress: bool | None = False,
     desc: str = "generating",
     chat_template_kwargs: dict | None = None,
+    halve_on_oom: bool = True,
 ) -> list[list[str]]:
     """Completions for each prompt (``num_return_sequences`` each), decoded without special tokens; prompts are
-    tokenized as training tokenizes them (``prompt_token_ids``).
+    tokenized as training tokenizes them (``prompt_token_ids``). The model generates where its parameters are.
 
-    ``progress``: a bar counting the prompts done, batch by batch (off by default; None = automatic, True = forced,
-    as in ``hf_grpo.progress``).
+    ``progress``: the count of prompts done, batch by batch, with the rate and the time left (off by default; None =
+    automatic: a bar on a terminal or in a notebook, else a log line now and then; True = a bar; as in
+    ``hf_grpo.progress``). ``halve_on_oom``: a batch the accelerator has no memory for is halved (with a warning) and
+    generation goes on with the smaller batch; off where processes must generate in step (ZeRO-3, FSDP).
     """
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     outputs: list[list[str]] = []
-    with progress_bar(len(prompts), desc, enabled=progress, unit="problem", leave=False) as bar:
-        for start in range(0, len(prompts), batch_size):
+    options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature)
+    with progress_bar(len(prompts), desc, enabled=progress, unit="problem", leave=False, log_lines=True) as bar:
+        start = 0
+        while start < len(prompts):
             raise_if_stopped()  # a stop signal that a library dropped (hf_grpo.stopping)
             chunk = [prompt_token_ids(tokenizer, p, chat_template_kwargs) for p in prompts[start : start + batch_size]]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, ids in enumerate(chunk):
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention_mask[row, width - len(ids) :] = 1
-            generated = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                temperature=temperature if do_sample else None,
-                top_p=None,
-                top_k=None,
-                num_return_sequences=num_return_sequences,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )  # [B * n, P + C]
-            texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+            try:
+                texts = _generate_batch(model, tokenizer, chunk, num_return_sequences, **options)
+            except torch.OutOfMemoryError:
+                if not halve_on_oom or batch_size == 1:
+                    raise
+                batch_size //= 2
+                _free_cached_memory()
+                logger.warning("%s: out of accelerator memory; %d problems per batch from here on", desc, batch_size)
+                continue
             outputs += [texts[i : i + num_return_sequences] for i in range(0, len(texts), num_return_sequences)]
+            start += len(chunk)
             bar.update(len(chunk))
     model.train(was_training)
     return outputs
+
+
+def _generate_batch(model, tokenizer, chunk: list[list[int]], num_return_sequences: int, **options) -> list[str]:
+    """One ``model.generate`` call on the token ids of ``chunk`` (left-padded), on the model's device; the texts."""
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in chunk)
+    input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P] left-padded
+    attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+    for row, ids in enumerate(chunk):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    generated = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        max_new_tokens=options["max_new_tokens"],
+        do_sample=options["do_sample"],
+        temperature=options["temperature"] if options["do_sample"] else None,
+        top_p=None,
+        top_k=None,
+        num_return_sequences=num_return_sequences,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # [B * n, P + C]
+    return tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+
+
+def _free_cached_memory() -> None:
+    """Give the allocator's cached blocks back after an out-of-memory error, so the smaller batch can use them."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def grade_results(
@@ -296,16 +321,21 @@ def evaluate(
     progress: bool | None = None,
     label: str = "eval",
     chat_template_kwargs: dict | None = None,
+    halve_on_oom: bool = True,
 ) -> EvalResult:
     """Greedy accuracy on ``dataset`` (columns ``prompt`` and ``gold_column``); pass@k too if ``num_samples > 1``.
 
-    Grading goes through ``grade_generations`` (worker processes of ``pool``, ``grade_timeout`` seconds each).
-    Progress bars count the problems generated, then the completions graded, described as ``label`` (``before``,
-    ``step20``...); ``progress`` None shows them on the main process when stderr is a terminal or in a notebook,
-    True forces them, False hides them (``hf_grpo.progress``).
+    Generation runs where the model's parameters are, ``batch_size`` problems at a time (halved on running out of
+    accelerator memory unless ``halve_on_oom`` is False: see ``generate``). Grading goes through
+    ``grade_generations`` (worker processes of ``pool``, ``grade_timeout`` seconds each). Progress bars count the
+    problems generated, then the completions graded, described as ``label`` (``before``, ``step20``...); ``progress``
+    None shows them on the main process when stderr is a terminal or in a notebook (else generation logs a line now
+    and then), True forces them, False hides them (``hf_grpo.progress``).
     """
     prompts = list(dataset["prompt"])
-    options = dict(batch_size=batch_size, progress=progress, chat_template_kwargs=chat_template_kwargs)
+    options = dict(
+        batch_size=batch_size, progress=progress, chat_template_kwargs=chat_template_kwargs, halve_on_oom=halve_on_oom
+    )
     greedy = generate(model, tokenizer, prompts, max_new_tokens, desc=f"{label}: generate", **options)
     sampled = None
     if num_samples > 1:

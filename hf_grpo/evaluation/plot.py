@@ -193,10 +193,15 @@ def plot_training(
     return path
 
 
+GAIN_FONT = 8  # points: the gain's text above the accuracy panel
+GAIN_GAP = 4  # points between the axes, the gain's text and the title
+
+
 def _draw_gain(ax, gain: dict, before: float, step: int) -> None:
     """On the accuracy panel: the before level (dotted), and at the last step the interval of before + difference.
 
-    The bar spans before + ci95, so it crosses the dotted line exactly when the interval includes zero.
+    The bar spans before + ci95, so it crosses the dotted line exactly when the interval includes zero. The numbers
+    go above the axes, under the title (which moves up to make room): inside, the legend or the data would cover them.
     """
     low, high = gain["ci95"]
     after = before + gain["gain"]
@@ -211,18 +216,23 @@ def _draw_gain(ax, gain: dict, before: float, step: int) -> None:
         capsize=5,
         label="95% CI of after - before, from before (dotted)",
     )
-    ax.text(
-        0.02,
-        0.98,
-        f"held-out after - before: {points(gain['gain'])} pts\n"
-        f"95% CI {points(low)} to {points(high)} (paired, n={gain['n']})\n"
+    lines = [
+        f"held-out after - before: {points(gain['gain'])} pts",
+        f"95% CI {points(low)} to {points(high)} (paired, n={gain['n']})",
         f"{gain['right_to_wrong']} right→wrong, {gain['wrong_to_right']} wrong→right",
-        transform=ax.transAxes,
-        va="top",
+    ]
+    ax.annotate(
+        "\n".join(lines),
+        xy=(0, 1),
+        xycoords="axes fraction",
+        xytext=(0, GAIN_GAP),
+        textcoords="offset points",
+        va="bottom",
         ha="left",
-        fontsize=8,
-        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"},
+        fontsize=GAIN_FONT,
     )
+    # the title above the text: its lines (matplotlib spaces them 1.2 font sizes apart) and a gap on each side
+    ax.set_title(ax.get_title(), pad=GAIN_GAP + len(lines) * 1.25 * GAIN_FONT + GAIN_GAP)
 
 
 _COLORS = {"points": "tab:red", "band": "tab:blue"}

@@ -1,8 +1,10 @@
 """Evaluate a saved model or LoRA adapter on a math dataset: the run behind ``python -m hf_grpo.evaluate``.
 
-The dataset is checked before the model loads (an empty or broken local file, an unknown split) and the problems
-without a gold answer are dropped. The model (base model + adapter for an adapter directory) generates with
-transformers, or with vLLM's offline engine (``--backend vllm``: GPU machines with ``hf_grpo[vllm]``). Grading goes
+The device (``--device``, else a CUDA GPU when there is one: ``hf_grpo.evaluation.device``) and the dataset are
+checked before the model loads (an empty or broken local file, an unknown split) and the problems without a gold
+answer are dropped. The model (base model + adapter for an adapter directory) generates with transformers on that
+device, ``eval_batch_size`` problems at a time (halved if the GPU runs out of memory), or with vLLM's offline engine
+(``--backend vllm``: GPU machines with ``hf_grpo[vllm]``). Grading goes
 through ``hf_grpo.rewards.grade`` in worker processes with a hard per-completion timeout: a completion the grader
 cannot finish with counts as ``timeout`` (not correct) and the evaluation goes on; one whose grading fails counts as
 ``error`` (``hf_grpo.evaluation.core``). Progress bars go to stderr (``--progress``), the summary to stdout.
@@ -23,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..data.loaders import EMBEDDED, DataArguments, embedded_splits, eval_grader, is_local_file, load_eval_dataset
 from .checks import adapter_base, read_adapter_config
 from .core import EvalResult, evaluate, grade_generations
+from .device import choose_device, describe, eval_batch_size
 
 
 logger = logging.getLogger(__name__)
@@ -161,6 +164,11 @@ def vllm_generate(name: str, prompts: list, max_new_tokens: int, num_samples: in
 def evaluate_saved(args: argparse.Namespace, values: dict, recipe: Path | None, timeout: float) -> EvalResult:
     """Evaluate ``args.model`` with the command's options ``args`` over the settings ``values`` of its ``recipe``;
     ``timeout``: seconds to grade one completion. ``ValueError`` for a dataset or model that cannot be loaded."""
+    if args.backend == "vllm" and args.device is not None:
+        raise ValueError(
+            "--device applies to --backend transformers; vLLM generates on the GPUs CUDA_VISIBLE_DEVICES names"
+        )
+    device = choose_device(args.device) if args.backend == "transformers" else None  # a bad --device: before loading
     data = data_arguments(args, values)
     seed = args.seed if args.seed is not None else values.get("seed", 0)
     max_new_tokens = (
@@ -171,8 +179,8 @@ def evaluate_saved(args: argparse.Namespace, values: dict, recipe: Path | None, 
         dataset = dataset.select(range(min(args.max_samples, len(dataset))))
     task = eval_grader(data)  # the training run's grader: r1_zero's answer tag for an r1_zero prompt
     where = f"recipe {recipe}" if recipe else "no recipe"
-    logger.info("evaluating %s on %d problems (task %s, %s)", args.model, len(dataset), task, where)
     if args.backend == "vllm":
+        logger.info("evaluating %s on %d problems (task %s, %s) with vLLM", args.model, len(dataset), task, where)
         prompts = list(dataset["prompt"])
         texts = vllm_generate(args.model, prompts, max_new_tokens, 1, 0.0, seed)
         sampled = None
@@ -186,7 +194,17 @@ def evaluate_saved(args: argparse.Namespace, values: dict, recipe: Path | None, 
         model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
     except OSError as exc:  # transformers' error for a hub id it cannot find or download
         raise ValueError(f"cannot load model {args.model}: {exc}") from None
-    batch_size = args.batch_size or max(values.get("per_device_eval_batch_size", 8), 8)  # as TaskEvaluator does
+    batch_size = args.batch_size or eval_batch_size(device, values.get("per_device_eval_batch_size"))  # as in training
+    logger.info(
+        "evaluating %s on %d problems (task %s, %s) on %s, %d problems per batch",
+        args.model,
+        len(dataset),
+        task,
+        where,
+        describe(device),
+        batch_size,
+    )
+    model.to(device)
     return evaluate(
         model,
         tokenizer,

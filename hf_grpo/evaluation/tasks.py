@@ -4,6 +4,10 @@
 DeepSpeed ZeRO-3 the parameters are gathered for generation, as TRL does), gathers the graded records and returns
 the summary; the main process also writes them to ``output_dir/eval_<label>.jsonl`` (one line per example).
 
+Each process generates on its accelerator (``hf_grpo.evaluation.device``): the trainer's device, where the model is
+moved if the trainer has not placed it yet (under DeepSpeed or FSDP it does so when training starts, after the
+evaluation before training), ``eval_batch_size`` problems at a time; the summary's log line names the device.
+
 Grading runs in worker processes with a hard per-completion timeout (``hf_grpo.evaluation.core``): a completion that
 math-verify cannot finish with is graded ``timeout`` and the evaluation, and the run, go on. The summary counts
 ``timeout`` and ``error`` beside ``correct`` / ``wrong`` / ``unparseable``; both are not correct. The pool, in order
@@ -28,6 +32,7 @@ from ..rewards.wrapper import IsolatedReward, RewardPool
 from ..run_files import EVAL_RECORDS
 from ..workers import default_num_workers
 from .core import DEFAULT_GRADE_TIMEOUT, EVAL_GRADES, MAX_GRADE_WORKERS, evaluate
+from .device import describe, eval_batch_size, model_device, place_for_generation
 
 
 logger = logging.getLogger(__name__)
@@ -39,6 +44,18 @@ def trainer_reward_pool(trainer) -> tuple[RewardPool, float] | None:
         if isinstance(fn, IsolatedReward) and not fn.pool.closed:
             return fn.pool, fn.timeout
     return None
+
+
+def sharded(trainer) -> bool:
+    """Whether ``trainer``'s parameters are split across its processes (DeepSpeed ZeRO-3 or FSDP)."""
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    return bool(getattr(trainer, "is_fsdp_enabled", False) or (plugin is not None and plugin.zero_stage == 3))
+
+
+def in_step(trainer) -> bool:
+    """Whether the processes must run every ``generate`` in step (parameters sharded across several of them): a
+    process cannot then halve its batch on its own."""
+    return trainer is not None and trainer.accelerator.num_processes > 1 and sharded(trainer)
 
 
 class TaskEvaluator:
@@ -62,7 +79,7 @@ class TaskEvaluator:
         self.task = task
         self.output_dir = Path(args.output_dir)
         self.max_new_tokens = args.eval_max_new_tokens or args.max_completion_length
-        self.batch_size = max(args.per_device_eval_batch_size, 8)
+        self.batch_size = args.per_device_eval_batch_size  # at least 8 on a CPU, 64 on a GPU (eval_batch_size)
         self.chat_template_kwargs = args.chat_template_kwargs  # prompts rendered as training renders them
         self.periodic_samples = args.task_eval_max_samples
         self.grade_timeout = grade_timeout
@@ -91,30 +108,20 @@ class TaskEvaluator:
 
     def run(self, model, tokenizer, label: str, trainer=None, max_samples: int | None = None) -> dict:
         """Greedy accuracy of ``model`` on the held-out set (all processes must call this together)."""
-        from trl.models import unwrap_model_for_generation
-
         state = PartialState()
         pool, timeout = self.grading(trainer)
         n = len(self.dataset) if max_samples is None else min(max_samples, len(self.dataset))
         with state.split_between_processes(list(range(n)), apply_padding=True) as shard:
             subset = self.dataset.select(shard)
             options = dict(
-                batch_size=self.batch_size,
                 grade_timeout=timeout,
                 pool=pool,
                 progress=self.progress,
                 label=label,
                 chat_template_kwargs=self.chat_template_kwargs,
+                halve_on_oom=not in_step(trainer),
             )
-            if trainer is not None:
-                gather = trainer.args.ds3_gather_for_generation  # False: ZeRO-3 shards stay, generate syncs ranks
-                with unwrap_model_for_generation(
-                    trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=gather
-                ) as unwrapped:
-                    result = evaluate(unwrapped, tokenizer, subset, self.task, self.max_new_tokens, **options)
-            else:
-                model.to(state.device)
-                result = evaluate(model, tokenizer, subset, self.task, self.max_new_tokens, **options)
+            result, device = self._generate_and_grade(model, tokenizer, subset, trainer, options)
             for record, index in zip(result.records, shard, strict=True):
                 record["index"] = index
         records = {r["index"]: r for r in gather_object(result.records)}  # padding repeats the last index
@@ -127,13 +134,37 @@ class TaskEvaluator:
                 f.writelines(json.dumps(record) + "\n" for record in records)
             logger.info(
                 "held-out accuracy (%s): %.3f (%d correct, %d wrong, %d unparseable, %d grading timeouts, "
-                "%d grading errors of %d)",
+                "%d grading errors of %d), generated on %s",
                 label,
                 summary["accuracy"],
                 *counts.values(),  # in EVAL_GRADES order: correct, wrong, unparseable, timeout, error
                 n,
+                describe(device),
             )
         return summary
+
+    def _generate_and_grade(self, model, tokenizer, subset, trainer, options: dict):
+        """(EvalResult, device it generated on) of this process's ``subset``: through the trainer's unwrapped model
+        (gathered under ZeRO-3 when the recipe says so) on the trainer's device, or ``model`` on this process's."""
+        from trl.models import unwrap_model_for_generation
+
+        if trainer is None:
+            place_for_generation(model, PartialState().device)
+            return self._evaluate(model, tokenizer, subset, options)
+        gather = trainer.args.ds3_gather_for_generation  # False: ZeRO-3 shards stay, generate syncs ranks
+        with unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=gather
+        ) as unwrapped:
+            # before training under DeepSpeed or FSDP the trainer has not placed the model yet: its weights are where
+            # they loaded (the CPU); the trainer would move them to the same device when training starts
+            place_for_generation(unwrapped, trainer.accelerator.device, sharded=sharded(trainer))
+            return self._evaluate(unwrapped, tokenizer, subset, options)
+
+    def _evaluate(self, model, tokenizer, subset, options: dict):
+        """``evaluate`` where ``model`` is, with the batch for that device; (EvalResult, device)."""
+        device = model_device(model)
+        batch = eval_batch_size(device, self.batch_size)
+        return evaluate(model, tokenizer, subset, self.task, self.max_new_tokens, batch_size=batch, **options), device
 
     def callback(self, trainer, log: Callable[[object, dict[str, float]], None]) -> TrainerCallback:
         """A callback that evaluates every ``task_eval_steps`` and logs ``{"accuracy": ...}`` with ``log(trainer,
