@@ -191,8 +191,8 @@ def test_custom_reward(tmp_path, kernel):
     out = tmp_path / params["OUTPUT_DIR"]
 
     assert (out / "rewards" / "my_rewards.py").is_file(), "the notebook writes its rewards into its output folder"
-    assert (out / "eval_results.json").is_file(), "the run did not finish"
-    history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    assert (out / "run" / "eval_results.json").is_file(), "the run did not finish"
+    history = [r for r in json.loads((out / "run" / "training_history.json").read_text()) if "reward" in r]
     assert len(history) == params["MAX_STEPS"]
     for record in history:
         for key in (
