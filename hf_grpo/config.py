@@ -92,6 +92,15 @@ class HfGRPOConfig(GRPOConfig):
             less than this, and less while it keeps more (GRESO's default: 25% of groups without signal). 0.75 is
             4 generated per 3 trained.
 
+        > Speed
+
+        shared_prompts (`bool`, defaults to `True`):
+            Run each distinct prompt of a micro-batch through the model once for all its completions, when scoring
+            them (log-probabilities, training) and when sampling them (HF generate), and project only completion
+            positions onto the vocabulary: the same numbers as TRL's to float rounding, for less compute
+            (`hf_grpo/shared_prompts.py`). Under activation checkpointing training runs whole rows (only the LM head
+            is trimmed). A sharded model (ZeRO-3, FSDP) or a vision-language model keeps TRL's path.
+
         > Advantages
 
         advantage_estimator (`str`, defaults to `"grpo"`):
@@ -140,6 +149,10 @@ class HfGRPOConfig(GRPOConfig):
     )
     prompt_selection_target: float = field(
         default=0.75, metadata={"help": "Share of generated groups to keep that prompt selection adapts toward."}
+    )
+    shared_prompts: bool = field(
+        default=True,
+        metadata={"help": "Run each distinct prompt once for its completions when scoring and sampling them."},
     )
     advantage_estimator: str = field(
         default="grpo",

@@ -101,28 +101,37 @@ CPU_PROCESSES_PER_CORE = 2
 def auto_backend(generation: dict, machine: Machine | None = None) -> tuple[dict, str | None]:
     """The ``generation:`` section with ``backend: auto`` resolved for this machine, and why (None: not ``auto``).
 
-    ``vllm_server`` where a server can run beside training: vLLM's CPU build on a machine without GPUs, a CUDA build
-    on one with at least two (the GPU count is checked against the layout later). Otherwise ``transformers``, and
-    the keys that only a server uses are dropped (``overlap``, ``cpus``), so the recipe stays valid.
+    ``vllm_server`` where a server on GPUs of its own can run beside training: a CUDA build of vLLM and at least two
+    GPUs (the GPU count is checked against the layout later). Otherwise ``transformers``, and the keys that only a
+    server uses are dropped (``overlap``, ``cpus``), so the recipe stays valid. On a machine without GPUs that holds
+    even where vLLM's CPU build is installed: there in-process generation measured the faster step
+    (``CPU_SERVER_SLOWER``); ``backend: vllm_server`` still asks for the server.
     """
     if generation.get("backend") != "auto":
         return generation, None
     machine = machine or this_machine()
     installed = machine.vllm
-    if machine.cuda_devices == 0 and installed.runs_on_cpu:
-        return {**generation, "backend": "vllm_server"}, f"auto: {installed.describe()} serves on this CPU"
     if machine.cuda_devices >= 2 and installed.distribution == "vllm" and installed.problem is None:
         return {
             **generation,
             "backend": "vllm_server",
         }, f"auto: {installed.describe()} and {machine.cuda_devices} GPUs"
     why = installed.describe() if installed.problem or installed.distribution else "vLLM is not installed"
-    if installed.distribution is None and machine.cuda_devices == 0:
-        why += " (python -m hf_grpo.generation.vllm_install installs its CPU build)"
+    if machine.cuda_devices == 0 and installed.runs_on_cpu:
+        why = f"{why} is installed, but {CPU_SERVER_SLOWER}; set generation.backend: vllm_server to use it anyway"
+    elif installed.distribution is None and machine.cuda_devices == 0:
+        why += " (a vLLM server on a CPU measured slower than in-process generation: docs/real_model.md)"
     elif installed.distribution is not None and installed.problem is None:
         why = f"{why}, and this machine has {machine.cuda_devices} GPU(s)"
     dropped = {k: v for k, v in generation.items() if k not in SERVER_ONLY_KEYS}
     return {**dropped, "backend": "transformers"}, f"auto: {why}: in-process generation (transformers)"
+
+
+# why `auto` keeps generation in-process on a CPU (benchmarks/real_model_speed.py, docs/real_model.md)
+CPU_SERVER_SLOWER = (
+    "on a CPU a vLLM server measured 2-7x slower per step than in-process generation for the real-model recipe "
+    "(benchmarks/real_model_speed.py)"
+)
 
 
 SERVER_ONLY_KEYS = ("overlap", "cpus")  # meaningless without a vLLM server: auto drops them when it chooses none

@@ -15,11 +15,12 @@ from typing import ClassVar
 
 import torch
 import trl
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
 
+from . import shared_prompts
 from .advantages import leave_one_out_advantages, relog_advantages
 from .checkpoints import keep_best, listing, read_manifest, write_manifest
 from .config import hf_config
@@ -74,6 +75,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._ahead = self._lookahead() if overlap else None
         self._sampler = self._dynamic_sampler() if self.args.dynamic_sampling or overlap else None
         self.reward_health = RewardHealth(self.reward_func_names)
+        self._shared_prompts = self._install_shared_prompts()
         self._warned_infinite: set[str] = set()
         self.last_task_eval: tuple[int, float] | None = None  # (step, held-out accuracy), set by the task evaluator
 
@@ -145,6 +147,21 @@ class GRPOTrainer(trl.GRPOTrainer):
             problems.append(f"dynamic_sampling_metric 'reward' or one of {self.reward_func_names}, not {metric!r}")
         if problems:
             raise ValueError("dynamic_sampling needs " + "; ".join(problems))
+
+    def _install_shared_prompts(self) -> bool:
+        """Each distinct prompt runs once for its completions (``shared_prompts``), where the model allows it."""
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        base = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        if (
+            not self.args.shared_prompts
+            or zero3
+            or self.is_fsdp_enabled
+            or self._is_vlm
+            or not shared_prompts.fits(base)
+        ):
+            return False
+        shared_prompts.install(base, self.temperature)
+        return True
 
     # ----------------------------------------------------------------------------------------------------------------
     # Metrics and timing
@@ -267,6 +284,24 @@ class GRPOTrainer(trl.GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
             self.beta = beta
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal,
+    ):  # fmt: skip
+        """TRL's per-token log-probabilities (and entropies) of the completions; with ``shared_prompts`` each distinct
+        prompt runs once and only completion positions meet the LM head (hf_grpo/shared_prompts.py)."""
+        if not self._shared_prompts or compute_aux_loss or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        # a checkpointed layer drops its KV cache while it records a backward: whole rows then
+        checkpointed = self.model.is_gradient_checkpointing and model.training and torch.is_grad_enabled()
+        logps, entropies = shared_prompts.completion_logps(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, not checkpointed, self.accelerator.autocast
+        )
+        return logps, entropies if compute_entropy else None, None
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """transformers' hook that takes an optimizer step's batches; overlapped generation reads ahead of it."""

@@ -33,6 +33,7 @@ LAYERS = [
         "vllm_standin",
         "local_models",
         "process_layout",
+        "shared_prompts",
     ],
     ["launch", "miniature"],
     ["recipe"],

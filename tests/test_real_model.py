@@ -37,7 +37,9 @@ RECIPE = "recipes/smollm2-135m-arith.yaml"
 TIMEOUT = 1200
 # small enough for CI: 2 prompts x 4 samples of at most 24 tokens per step, 12 held-out problems, a checkpoint a step
 SMALL = [
-    "--num_generations", "4", "--per_device_train_batch_size", "8", "--max_completion_length", "24",
+    "--generation.backend", "vllm_server",  # auto keeps a CPU's generation in-process
+    "--num_generations", "4", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
+    "--max_completion_length", "24",
     "--max_generation_batches", "2", "--arithmetic_eval_size", "12", "--per_device_eval_batch_size", "12",
     "--save_strategy", "steps", "--save_steps", "1",
 ]  # fmt: skip

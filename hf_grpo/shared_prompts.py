@@ -1,0 +1,154 @@
+"""Each distinct prompt of a GRPO batch runs through the model once, for all the completions that follow it.
+
+A GRPO batch holds ``num_generations`` completions of every prompt, one after another. TRL scores a micro-batch by
+running the model on each row's prompt + completion, and on a device without Triton its fused LM head projects every
+position onto the vocabulary (49k tokens for SmolLM2), prompt positions included, to keep only the completion's.
+``install`` gives the causal LM a forward that does the same work once per prompt:
+
+1. the distinct prompts, all but their last token, run once and fill a KV cache          # [U, P-1]
+2. the cache is indexed out to the rows: each row gets its prompt's keys and values       # [R, P-1]
+3. the rows run their last prompt token and their completion on it                        # [R, 1+C]
+4. only the C positions that predict the completion go through the LM head (TRL's chunked log-prob kernel)
+
+The log-probabilities, entropies and gradients are TRL's to float rounding: the gradient flows back through the
+indexed cache into the shared forward (``tests/test_shared_prompts.py`` compares both on the same batch). Under
+activation checkpointing a layer drops its cache, so steps 1-3 become one forward of the whole rows there (step 4
+still applies). ``generate`` shares the prompt the same way: it prefills the distinct prompts once and samples every
+row on the indexed cache, drawing the same random numbers as before.
+
+``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``, the default) on a text-only model that is not
+sharded (ZeRO-3 and FSDP keep TRL's path) and calls the forward from ``_get_per_token_logps_and_entropies``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.utils import ModelOutput
+from trl.kernels import ChunkedLogProbFunction
+
+
+CHUNK = 32768  # vocabulary entries per tile of the log-prob kernel (TRL's own)
+SCALED_HEADS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
+@dataclass
+class CompletionLogps(ModelOutput):  # a ModelOutput: DDP and DeepSpeed look for tensors in what a forward returns
+    """What the shared forward returns: per completion token, its log-probability and the policy's entropy there."""
+
+    log_probs: torch.Tensor | None = None  # [R, C], 0 where the completion is padding
+    entropy: torch.Tensor | None = None  # [R, C]
+
+
+def fits(model) -> bool:
+    """Whether ``model`` (a causal LM) can take the shared forward: an LM head without the logit scale or softcap
+    that TRL's fused head applies and this one does not."""
+    config = model.config.get_text_config()
+    plain_head = all(getattr(config, name, None) in (None, 1.0) for name in SCALED_HEADS)
+    return plain_head and model.get_output_embeddings() is not None
+
+
+def completion_logps(model, input_ids, attention_mask, completion_length: int, batch_size: int | None, share: bool,
+                     autocast=contextlib.nullcontext):  # fmt: skip
+    """TRL's ``_get_per_token_logps_and_entropies`` through the shared forward: (log-probs [R, C], entropies [R, C])
+    of the last ``completion_length`` tokens of each row, ``batch_size`` rows per call of ``model`` (any wrapper of
+    the installed model: DDP, PEFT, DeepSpeed), each distinct prompt run once when ``share``."""
+    size, logps, entropies = batch_size or input_ids.size(0), [], []
+    for start in range(0, input_ids.size(0), size):
+        rows = slice(start, start + size)
+        with autocast():
+            out = model(
+                input_ids=input_ids[rows],
+                attention_mask=attention_mask[rows],
+                completion_logps=(completion_length, share),
+            )
+        logps.append(out.log_probs)
+        entropies.append(out.entropy)
+    return torch.cat(logps), torch.cat(entropies)
+
+
+def install(model, temperature: float) -> None:
+    """Give the causal LM ``model`` (PEFT's base model: what wrappers call into) a forward that takes
+    ``completion_logps=(C, share)`` and returns ``CompletionLogps`` of the last C tokens of each row, and a
+    ``generate`` that prefills each distinct prompt once. Any other call is the model's own."""
+    original_forward, original_generate = model.forward, model.generate
+
+    @functools.wraps(type(model).forward)  # generate checks its keyword arguments against this signature
+    def forward(self, *args, completion_logps: tuple[int, bool] | None = None, **kwargs):
+        if completion_logps is None:
+            return original_forward(*args, **kwargs)
+        return _completion_logps(self, kwargs["input_ids"], kwargs["attention_mask"], *completion_logps, temperature)
+
+    @functools.wraps(type(model).generate)
+    def generate(self, *args, **kwargs):
+        return _shared_generate(self, original_generate, *args, **kwargs)
+
+    model.forward = types.MethodType(forward, model)
+    model.generate = types.MethodType(generate, model)
+
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the first row of each run of identical prompts [U], the run each row belongs to [R])."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)  # [R-1]
+    starts = torch.cat([same.new_ones(1), ~same])  # [R]
+    return starts.nonzero().squeeze(1), starts.cumsum(0) - 1
+
+
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: bool) -> DynamicCache | None:
+    """A cache of every row's prompt but its last token, computed once per run of identical prompts and indexed out
+    to the rows; None when nothing repeats (or a prompt is one token). ``positions``: count positions from each
+    row's first real token, as generate does (else from the first column, as a plain forward and TRL's scoring do:
+    either way the same distances between real tokens, which is all rotary positions see)."""
+    first, which = prompt_groups(prompt_ids, prompt_mask)
+    if first.numel() == prompt_ids.size(0) or prompt_ids.size(1) < 2:
+        return None
+    ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]  # [U, P-1]
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if positions else None  # generate's rule
+    cache = DynamicCache(config=model.config)
+    model.base_model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
+    cache.batch_select_indices(which)  # [U, ...] -> [R, ...]; differentiable, so the gradient reaches the prefill
+    return cache
+
+
+def _completion_logps(model, input_ids, attention_mask, completion_length: int, share: bool, temperature: float):
+    """The shared forward: the log-probabilities and entropies of the last ``completion_length`` tokens of each row."""
+    prompt_length = input_ids.size(1) - completion_length  # P
+    cache = _prefill(model, input_ids[:, :prompt_length], attention_mask[:, :prompt_length], False) if share else None
+    if cache is not None:
+        suffix = input_ids[:, prompt_length - 1 :]  # [R, 1+C]: the last prompt token, then the completion
+        hidden = model.base_model(
+            input_ids=suffix, attention_mask=attention_mask, cache=cache, use_cache=True
+        ).last_hidden_state
+        hidden = hidden[:, :-1]  # [R, C, H]
+    else:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = hidden[:, prompt_length - 1 : -1]  # [R, C, H]
+    targets = input_ids[:, prompt_length:]  # [R, C]
+    head = model.get_output_embeddings()
+    log_probs, entropy, *_ = ChunkedLogProbFunction.apply(
+        hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias, targets.reshape(-1), temperature, CHUNK,
+        None, 1.0, ("entropy",),
+    )  # fmt: skip
+    padding = attention_mask[:, prompt_length:] == 0  # [R, C]
+    return CompletionLogps(
+        log_probs=log_probs.view_as(targets).masked_fill(padding, 0), entropy=entropy.view_as(targets)
+    )
+
+
+def _shared_generate(model, original_generate, input_ids=None, attention_mask=None, **kwargs):
+    """``generate`` with each distinct prompt prefilled once: the rows continue from the indexed cache. Left as it is
+    for a call that brings its own cache or cache implementation, or whose rows do not repeat."""
+    config = kwargs.get("generation_config") or model.generation_config
+    own_cache = any(kwargs.get(name) is not None for name in ("cache", "past_key_values", "inputs_embeds"))
+    if input_ids is None or attention_mask is None or own_cache or config.cache_implementation is not None:
+        return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    with torch.no_grad():
+        cache = _prefill(model, input_ids, attention_mask, True)
+    if cache is not None:
+        kwargs["cache"] = cache
+    return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)

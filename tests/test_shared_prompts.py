@@ -1,0 +1,134 @@
+"""Each distinct prompt run once for its group (hf_grpo/shared_prompts.py) gives TRL's numbers: the same
+log-probabilities, entropies and gradients as TRL's fused head on whole rows, the same samples from generate, and the
+same trained adapter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_grpo import shared_prompts
+
+from .helpers.trainers import make_trainer
+
+
+G, C = 4, 7  # completions per prompt, completion length
+
+
+@pytest.fixture(scope="module")
+def parts():
+    """A tiny model with LoRA on every linear layer (random B: an adapter that changes the numbers), TRL's fused
+    head and ours installed, and a batch of 3 prompts x G completions with left padding and completion padding."""
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    from hf_grpo.tiny import build_model, build_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=32)
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False)
+    model = get_peft_model(model, lora)
+    shared_prompts.install(model.get_base_model(), temperature=0.7)
+    pad, vocab = tokenizer.pad_token_id, model.config.vocab_size
+    prompts = torch.randint(5, vocab, (3, 9))
+    prompts[1, :3] = pad  # left padding
+    prompts[2, :1] = pad
+    prompt_mask = (prompts != pad).long()
+    completions = torch.randint(5, vocab, (3 * G, C))
+    completions[::3, 4:] = pad  # completions that ended early
+    completion_mask = (completions != pad).long()
+    ids = torch.cat([prompts.repeat_interleave(G, 0), completions], 1)  # [R, P+C]
+    mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
+    return model, ids, mask, completion_mask
+
+
+def trl_way(model, ids, mask):
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-C] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    return out.log_probs[:, -C:], out.entropy[:, -C:]
+
+
+def ours(model, ids, mask, share=True, batch_size=None):
+    return shared_prompts.completion_logps(model, ids, mask, C, batch_size, share)
+
+
+def lora_grads(model, logps, completion_mask) -> torch.Tensor:
+    model.zero_grad()
+    (-(logps * completion_mask).sum()).backward()
+    grads = torch.cat([p.grad.flatten() for n, p in model.named_parameters() if "lora_" in n])
+    model.zero_grad()
+    return grads
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("batch_size", [None, 5])  # 5: chunks that split a group
+def test_log_probs_entropies_and_gradients_are_trls(parts, share, batch_size):
+    model, ids, mask, completion_mask = parts
+    model.train()
+    ref_logps, ref_entropy = trl_way(model, ids, mask)
+    logps, entropy = ours(model, ids, mask, share, batch_size)
+    real = completion_mask.bool()
+    assert torch.allclose(logps[real], ref_logps[real], atol=1e-5)
+    assert (logps[~real] == 0).all()  # as TRL's: no log-prob for padding
+    assert torch.allclose(entropy[real], ref_entropy[real], atol=1e-5)
+    ref_grads, grads = lora_grads(model, ref_logps, completion_mask), lora_grads(model, logps, completion_mask)
+    assert ref_grads.abs().sum() > 0
+    assert torch.allclose(grads, ref_grads, atol=1e-5, rtol=1e-4)
+
+
+def test_a_repeated_prompt_is_run_once(parts, monkeypatch):
+    model, ids, mask, _ = parts
+    backbone, seen = model.get_base_model().model, []
+    monkeypatch.setattr(
+        backbone, "forward", lambda *a, _f=backbone.forward, **k: seen.append(k["input_ids"].shape) or _f(*a, **k)
+    )
+    with torch.no_grad():
+        ours(model, ids, mask)
+    assert seen == [(3, 9 - 1), (3 * G, 1 + C)]  # the 3 prompts but their last token; then every row's suffix
+
+
+def test_prompt_groups_find_runs_of_identical_prompts():
+    prompts = torch.tensor([[0, 1], [0, 1], [2, 3], [0, 1]])
+    first, which = shared_prompts.prompt_groups(prompts, torch.ones_like(prompts))
+    assert first.tolist() == [0, 2, 3] and which.tolist() == [0, 0, 1, 2]
+
+
+@pytest.mark.parametrize("do_sample", [True, False])
+def test_generate_draws_the_same_samples(parts, do_sample):
+    """Sampling from the shared prefill gives the rows the same tokens as HF generate on whole rows, same seed."""
+    from transformers import GenerationConfig
+
+    model, ids, mask, _ = parts
+    model.eval()
+    prompts, prompt_mask = ids[:, :-C], mask[:, :-C]
+    config = GenerationConfig(max_new_tokens=6, do_sample=do_sample, temperature=0.7, top_k=0, pad_token_id=0)
+    runs = []
+    for plain in (True, False):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            if plain:  # the model's own generate, as before install
+                base = model.get_base_model()
+                out = type(base).generate(
+                    base, input_ids=prompts, attention_mask=prompt_mask, generation_config=config
+                )
+            else:
+                out = model.generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=config)
+        runs.append(out)
+    assert torch.equal(runs[0], runs[1])
+    assert runs[0].size(1) > prompts.size(1)
+
+
+def test_a_trainer_step_with_shared_prompts_trains_as_trls(tmp_path):
+    """One optimizer step of the same seed and batch with shared_prompts on and off: the same adapter."""
+    adapters = []
+    for shared in (True, False):
+        trainer = make_trainer(tmp_path / str(shared), max_steps=1, shared_prompts=shared, max_completion_length=6)
+        assert trainer._shared_prompts is shared
+        trainer.train()
+        adapters.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n})
+    moved = max((adapters[0][n] - adapters[1][n]).abs().max().item() for n in adapters[0])
+    assert moved < 1e-5, moved
+    assert any(adapters[0][n].abs().sum() > 0 for n in adapters[0] if "lora_B" in n)  # the step did train
