@@ -57,8 +57,16 @@ from pathlib import Path
 import psutil
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/limits.py, beside this file
+import limits
+
+
 REPO = Path(__file__).resolve().parent.parent
-ARMS = ("stock", "hf_grpo", "vllm_sync", "vllm_overlap")
+ARMS = ("stock", "stock_tuned", "hf_grpo", "hf_grpo_plain", "vllm_sync", "vllm_overlap")
+IN_PROCESS_ARMS = ("stock", "stock_tuned", "hf_grpo", "hf_grpo_plain")
+# stock: TRL's defaults for what only changes speed (activation checkpointing on, the whole batch in one micro-batch as
+# the recipe ran before its speed settings); stock_tuned: the recipe's own values of those TRL settings
+STOCK_SPEED = {"gradient_checkpointing": True, "activation_checkpointing": True, "gradient_accumulation_steps": 1}
 PHASES = ("generate", "weight_sync", "reward", "score", "train")
 IN_PROCESS = ["--generation.backend", "transformers", "--generation.overlap", "false", "--generation.cpus", "null"]
 MIB = 2**20
@@ -102,24 +110,54 @@ def step_timer(trainer):
                     self.phases[phase] += time.perf_counter() - start
                 if phase == "generate":  # (prompt_ids, completion_ids, ...)
                     self.phases["tokens"] += sum(len(ids) for ids in out[1])
+                    self.calls.append(generate_call(out[0], out[1]))
                 return out
 
             return wrapper
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self.phases, self.began = defaultdict(float), time.perf_counter()
+            self.phases, self.began, self.calls = defaultdict(float), time.perf_counter(), []
 
         def on_step_end(self, args, state, control, **kwargs):
             step, p = time.perf_counter() - self.began, self.phases
             score = max(p["p"] - p["generate"] - p["reward"], 0.0)
             record = {"step": step, "generate": p["generate"], "weight_sync": 0.0, "reward": p["reward"]}
-            self.steps.append({**record, "score": score, "train": step - p["p"], "tokens": p["tokens"]})
+            record |= {"score": score, "train": step - p["p"], "tokens": p["tokens"], "calls": self.calls}
+            self.steps.append(record)
 
     return StepTimer()
 
 
-def build_stock(recipe):
-    """(trl.GRPOTrainer, GRPOConfig fields that differ from the recipe's, close)."""
+def generate_call(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict:
+    """The shape of one generate call: rows, distinct prompts, padded prompt length, decode steps (the longest)."""
+    return {
+        "rows": len(prompt_ids),
+        "groups": len({tuple(ids) for ids in prompt_ids}),
+        "prompt": max(len(ids) for ids in prompt_ids),
+        "completion": max(len(ids) for ids in completion_ids),
+    }
+
+
+def step_costs(trainer, recipe, step: dict) -> dict:
+    """The FLOPs one step's training executed and the bytes and FLOPs its generation had to (benchmarks/limits.py)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    rank = recipe.model.lora_r if recipe.model.use_peft else 0
+    shapes = limits.Shapes.of(model.config, sum(p.numel() for p in model.parameters()), rank)
+    shared = getattr(trainer, "_shared_prompts", False)
+    recompute = bool(trainer.args.gradient_checkpointing)
+    costs = {"train_flops": 0.0, "gen_bytes": 0.0, "gen_flops": 0.0}
+    for call in step["calls"]:
+        rows, groups, prompt, completion = call["rows"], call["groups"], call["prompt"], call["completion"]
+        costs["train_flops"] += limits.train_flops(shapes, rows, prompt, completion, groups, shared, recompute)
+        read, flops = limits.decode_cost(shapes, rows, prompt, completion)
+        costs["gen_bytes"] += read
+        costs["gen_flops"] += flops
+    return costs
+
+
+def build_stock(recipe, tuned: bool = False):
+    """(trl.GRPOTrainer, GRPOConfig fields that differ from the recipe's, close). Not ``tuned``: TRL's default speed
+    settings (``STOCK_SPEED``) with the generation batch in one micro-batch; ``tuned``: the recipe's."""
     import trl
 
     from hf_grpo.data import load_grpo_datasets
@@ -134,6 +172,10 @@ def build_stock(recipe):
     values = {name: getattr(args, name) for name in names}
     # __post_init__ derived one of the two from the other; TRL refuses both set
     values["steps_per_generation" if "generation_batch_size" in recipe.values else "generation_batch_size"] = None
+    if not tuned:
+        batch = args.per_device_train_batch_size * args.steps_per_generation  # one generation, one micro-batch
+        values |= {k: v for k, v in STOCK_SPEED.items() if k in values}
+        values |= {"per_device_train_batch_size": batch, "steps_per_generation": None, "generation_batch_size": None}
     config = trl.GRPOConfig(**values)
     differ = [name for name in names if getattr(config, name) != getattr(args, name)]
     rewards = []
@@ -169,7 +211,11 @@ def child_main(spec_file: str) -> None:
     recipe, _ = load_recipe(spec["argv"], for_run=True)
     apply_env(recipe)
     threads = apply_thread_policy()
-    trainer, differ, close = (build_stock if spec["arm"] == "stock" else build_ours)(recipe)
+    peak = {"matmul": limits.matmul_flops(threads), "bandwidth": limits.read_bandwidth(threads)}  # before the model
+    if spec["arm"].startswith("stock"):
+        trainer, differ, close = build_stock(recipe, tuned=spec["arm"] == "stock_tuned")
+    else:
+        trainer, differ, close = build_ours(recipe)
     timer = step_timer(trainer)
     trainer.add_callback(timer)
     try:
@@ -177,7 +223,8 @@ def child_main(spec_file: str) -> None:
     finally:
         close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
-    result = {"steps": timer.steps, "runtime": output.metrics["train_runtime"], "trainer_rss": rss}
+    steps = [{**step, **step_costs(trainer, recipe, step)} for step in timer.steps]
+    result = {"steps": steps, "runtime": output.metrics["train_runtime"], "trainer_rss": rss, "peak": peak}
     result |= {"threads": threads, "cores": sorted(os.sched_getaffinity(0)), "differ": differ}
     Path(spec["out"]).write_text(json.dumps(result))
 
@@ -291,9 +338,11 @@ def run_arm(arm: str, ctx: dict, args) -> dict:
     argv = [args.recipe, "--max_steps", str(args.steps), "--output_dir", str(out), *ctx["common"]]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     row = {"arm": arm, "load": load, "log": str(log)}
-    if arm in ("stock", "hf_grpo"):
+    if arm in IN_PROCESS_ARMS:
         spec, result_file = ctx["workdir"] / f"{arm}.spec.json", ctx["workdir"] / f"{arm}.result.json"
-        spec.write_text(json.dumps({"arm": arm, "argv": [*argv, *IN_PROCESS, *ctx["extra"]], "out": str(result_file)}))
+        plain = ["--shared_prompts", "false"] if arm == "hf_grpo_plain" else []
+        arm_argv = [*argv, *IN_PROCESS, *plain, *ctx["extra"]]
+        spec.write_text(json.dumps({"arm": arm, "argv": arm_argv, "out": str(result_file)}))
         command, env = [sys.executable, __file__, "--child", str(spec)], {**ctx["env"], **ctx["recipe"].env}
     else:
         from hf_grpo.launch import free_port
@@ -306,16 +355,17 @@ def run_arm(arm: str, ctx: dict, args) -> dict:
     row["command"] = shlex.join(command)
     print(f"[{arm}] load average {load}; log {log}", flush=True)
     start = time.perf_counter()
-    rc, sampler = launch(command, env, log, args.timeout, trainer_is_root=arm in ("stock", "hf_grpo"))
+    rc, sampler = launch(command, env, log, args.timeout, trainer_is_root=arm in IN_PROCESS_ARMS)
     row["seconds"], peak = time.perf_counter() - start, sampler.peak
     if rc != 0:
         print(f"[{arm}] FAILED (exit {rc}) after {row['seconds']:.0f} s; see {log}", flush=True)
         return {**row, "failed": True}
     row |= {"server_rss": peak["server"], "workers_rss": peak["workers"], "trainer_rss": peak["trainer"]}
-    if arm in ("stock", "hf_grpo"):
+    if arm in IN_PROCESS_ARMS:
         result = json.loads(result_file.read_text())
         row |= summarize(result["steps"], result["runtime"], args.warmup, callback_wall=True)
         row |= {"trainer_rss": result["trainer_rss"], "differ": result["differ"]}
+        row |= limits.ratios(result["steps"][args.warmup :], result["peak"])
         row["threads"] = f"trainer {result['threads']} torch thr on cores {result['cores']}"
     else:
         row |= summarize(*history_steps(out, ctx["completions"]), args.warmup, callback_wall=False)
@@ -348,14 +398,13 @@ def row_text(r: dict) -> str:
 def report(rows: list[dict], args, ctx: dict) -> None:
     print(f"\n{HEAD}\n" + "\n".join(row_text(r) for r in rows))
     done = {r["arm"]: r for r in rows if not r.get("failed")}
-    if "stock" in done and "hf_grpo" in done:
-        stock, ours = done["stock"], done["hf_grpo"]
-        extra, rt = ours["wall"] - stock["wall"], ours["rt_wall"] - stock["rt_wall"]
-        phases = ", ".join(f"{k} {ours[k] - stock[k]:+.2f}" for k in ("generate", "reward", "score", "train"))
-        print(
-            f"\nhf_grpo over stock TRL: {extra:+.3f} s/step ({extra / stock['wall']:+.1%}) by the step callback; "
-            f"{rt:+.3f} s/step ({rt / stock['rt_wall']:+.1%}) by train_runtime; by phase (s): {phases}"
-        )
+    for base, ours in (("stock", "hf_grpo"), ("stock_tuned", "hf_grpo"), ("stock_tuned", "hf_grpo_plain")):
+        if base in done and ours in done:
+            print(f"\n{compare(done[base], done[ours])}")
+    limited = [limits.describe(r) for r in rows if "train_limit" in r]
+    if limited:
+        print("\nlimits (benchmarks/limits.py, measured in each arm's process before its model loaded):")
+        print("\n".join(f"  {line}" for line in limited))
     if "vllm_sync" in done and "vllm_overlap" in done:
         sync, over = done["vllm_sync"], done["vllm_overlap"]
         gen, train = sync["generate"], sync["wall"] - sync["generate"]
@@ -377,6 +426,17 @@ def report(rows: list[dict], args, ctx: dict) -> None:
         if r.get("differ"):
             print(f"    GRPOConfig fields that differ from the recipe's: {r['differ']}")
     print(__doc__[__doc__.index("- Every arm") :].replace("``", "").rstrip())
+
+
+def compare(base: dict, ours: dict) -> str:
+    """``ours`` against ``base``: the steps/s ratio and the difference by phase."""
+    extra, rt = ours["wall"] - base["wall"], ours["rt_wall"] - base["rt_wall"]
+    phases = ", ".join(f"{k} {ours[k] - base[k]:+.2f}" for k in ("generate", "reward", "score", "train"))
+    return (
+        f"{ours['arm']} over {base['arm']}: {base['wall'] / ours['wall']:.2f}x the steps/s; {extra:+.3f} s/step "
+        f"({extra / base['wall']:+.1%}) by the step callback, {rt:+.3f} s/step ({rt / base['rt_wall']:+.1%}) by "
+        f"train_runtime; by phase (s): {phases}"
+    )
 
 
 def vllm_python(args) -> tuple[str | None, str]:
