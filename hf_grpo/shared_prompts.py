@@ -14,7 +14,9 @@ The log-probabilities, entropies and gradients are TRL's to float rounding: the 
 indexed cache into the shared forward (``tests/test_shared_prompts.py`` compares both on the same batch). Under
 activation checkpointing a layer drops its cache, so steps 1-3 become one forward of the whole rows there (step 4
 still applies). ``generate`` shares the prompt the same way: it prefills the distinct prompts once and samples every
-row on the indexed cache, drawing the same random numbers as before.
+row on the indexed cache, drawing the same random numbers as before; and a row that has ended (its end-of-sequence
+token sampled) leaves the cache and the model's forward, while HF generate still samples a padding token for it, so
+the random numbers drawn, and with them every other row's tokens, stay the same.
 
 ``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``, the default) on a text-only model that is not
 sharded (ZeRO-3 and FSDP keep TRL's path) and calls the forward from ``_get_per_token_logps_and_entropies``.
@@ -80,6 +82,8 @@ def install(model, temperature: float) -> None:
 
     @functools.wraps(type(model).forward)  # generate checks its keyword arguments against this signature
     def forward(self, *args, completion_logps: tuple[int, bool] | None = None, **kwargs):
+        if completion_logps is None and getattr(self, "_live_rows", None) is not None and not args:
+            return _live_rows_forward(self._live_rows, original_forward, kwargs)
         if completion_logps is None:
             return original_forward(*args, **kwargs)
         return _completion_logps(self, kwargs["input_ids"], kwargs["attention_mask"], *completion_logps, temperature)
@@ -149,6 +153,67 @@ def _shared_generate(model, original_generate, input_ids=None, attention_mask=No
         return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     with torch.no_grad():
         cache = _prefill(model, input_ids, attention_mask, True)
-    if cache is not None:
-        kwargs["cache"] = cache
-    return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    if cache is None:
+        return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    kwargs["cache"] = cache
+    # (on mps HF generate runs one step past the end and undoes it on the cache: every row stays there)
+    one_each = (config.num_return_sequences or 1) == 1
+    if (
+        config.eos_token_id is not None
+        and config.pad_token_id is not None
+        and one_each
+        and input_ids.device.type != "mps"
+    ):
+        model._live_rows = LiveRows(cache, _ids(config.eos_token_id), config.pad_token_id, input_ids.size(0))
+    try:
+        return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    finally:
+        model._live_rows = None
+
+
+def _ids(value) -> torch.Tensor:
+    return torch.tensor(value if isinstance(value, (list, tuple)) else [value])
+
+
+@dataclass
+class LiveRows:
+    """The rows of one ``generate`` call still sampling, and the cache that holds only theirs."""
+
+    cache: DynamicCache
+    eos: torch.Tensor  # [E] the config's end-of-sequence ids: a row fed one of them has ended
+    pad: int  # what HF generate feeds an ended row from then on
+    rows: int  # R, the rows of the call
+    live: torch.Tensor | None = None  # [L] row numbers in the cache, in its order; None until the first decode step
+
+
+def _live_rows_forward(state: LiveRows, original_forward, kwargs: dict):
+    """One forward of HF generate on the rows that have not ended; an ended row's logits are zeros (HF generate
+    samples from them with the same random numbers as ever and then writes the padding token in its place)."""
+    input_ids = kwargs.get("input_ids")
+    per_row = ("input_ids", "attention_mask", "position_ids")
+    if input_ids is None or kwargs.get("cache") is not state.cache or input_ids.size(1) != 1:
+        return original_forward(**kwargs)  # not a decode step of this call's cache
+    tokens = input_ids[:, 0].cpu()  # [R]
+    if state.live is None:  # the first step feeds every row its last prompt token
+        state.live = torch.arange(state.rows)
+    else:
+        gone = torch.ones(state.rows, dtype=torch.bool)
+        gone[state.live] = False
+        if (tokens[gone] != state.pad).any():
+            raise RuntimeError(
+                "hf_grpo.shared_prompts: generate went on sampling a row after its end-of-sequence token; the "
+                "generation config's eos_token_id is not the one generate stops on: set shared_prompts: false"
+            )
+        ended = torch.isin(tokens[state.live], state.eos)  # [L]
+        if ended.any():
+            keep = (~ended).nonzero().squeeze(1)
+            state.cache.batch_select_indices(keep.to(input_ids.device))
+            state.live = state.live[keep]
+    if state.live.numel() == 0:
+        raise RuntimeError("hf_grpo.shared_prompts: generate asked for a step after every row ended")
+    live = state.live.to(input_ids.device)
+    out = original_forward(**{k: v[live] if k in per_row and v is not None else v for k, v in kwargs.items()})
+    logits = out.logits.new_zeros(state.rows, *out.logits.shape[1:])  # [R, 1, V]
+    logits[live] = out.logits
+    out.logits = logits
+    return out

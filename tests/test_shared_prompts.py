@@ -121,6 +121,41 @@ def test_generate_draws_the_same_samples(parts, do_sample):
     assert runs[0].size(1) > prompts.size(1)
 
 
+def test_rows_that_ended_leave_the_forward_and_every_row_samples_as_before(parts):
+    """A row that sampled its end-of-sequence token runs no further forward (the base model sees fewer rows), and the
+    tokens of every row are still HF generate's on whole rows, same seed."""
+    from transformers import GenerationConfig
+
+    model, ids, mask, _ = parts
+    model.eval()
+    prompts, prompt_mask = ids[:, :-C], mask[:, :-C]
+    base = model.get_base_model()
+
+    def sample(eos: int | None, plain: bool) -> torch.Tensor:
+        config = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_k=0, pad_token_id=0,
+                                  eos_token_id=eos)  # fmt: skip
+        torch.manual_seed(5)
+        with torch.no_grad():
+            if plain:
+                return type(base).generate(
+                    base, input_ids=prompts, attention_mask=prompt_mask, generation_config=config
+                )
+            return model.generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=config)
+
+    eos = int(sample(None, True)[0, prompts.size(1) + 1])  # row 0's second token: row 0 ends there
+    seen = []
+    hook = base.get_input_embeddings().register_forward_pre_hook(lambda _, a: seen.append(a[0].shape))
+    try:
+        ours_, plain = sample(eos, False), sample(eos, True)
+    finally:
+        hook.remove()
+    assert torch.equal(ours_, plain)
+    completions = plain[:, prompts.size(1) :]
+    assert completions[0, 1] == eos and completions.size(1) > 2  # row 0 ended early, another went on
+    ours_calls = seen[: len(seen) // 2]  # ours ran first: its prefill, then one call per decode step
+    assert min(shape[0] for shape in ours_calls[2:]) < prompts.size(0), ours_calls  # ended rows ran no forward
+
+
 def test_a_trainer_step_with_shared_prompts_trains_as_trls(tmp_path):
     """One optimizer step of the same seed and batch with shared_prompts on and off: the same adapter."""
     adapters = []
