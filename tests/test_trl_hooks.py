@@ -128,14 +128,7 @@ def test_overridden_hook_signature(name, expected):
 
 
 def test_trl_methods_we_call():
-    assert params(trl.GRPOTrainer, "_get_per_token_logps_and_entropies")[:6] == [
-        "self",
-        "model",
-        "input_ids",
-        "attention_mask",
-        "logits_to_keep",
-        "batch_size",
-    ]
+    # _get_per_token_logps_and_entropies: its whole signature is pinned in HOOKS (we override it)
     assert "_get_output_dir" in dir(trl.GRPOTrainer)
     assert params(trl.GRPOTrainer, "_tokenize_prompts") == ["self", "prompts"]
 
