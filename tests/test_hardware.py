@@ -126,8 +126,12 @@ def test_accelerate_launch_with_a_bf16_config_exits_2_naming_the_flag():
     )  # fmt: skip
     assert result.returncode != 0
     errors = [x for x in result.stderr.splitlines() if x.startswith("hf_grpo: error:")]
-    assert len(errors) == 2, result.stderr[-3000:]  # one line from each process
+    # Each process finds it; the first to exit makes accelerate's launcher SIGTERM the other, which may or may not
+    # have printed its line by then (CI under load: it had not). That one says why it stopped.
+    assert 1 <= len(errors) <= 2 and len(set(errors)) == 1, result.stderr[-3000:]
     assert "mixed_precision bf16" in errors[0] and "pass --mixed_precision no to accelerate launch" in errors[0]
+    stops = [x for x in result.stderr.splitlines() if x.startswith("hf_grpo: stopped by a signal")]
+    assert len(errors) + len(stops) <= 2 and all("if another process printed an error above" in x for x in stops)
     assert "hf_grpo/train.py" not in result.stderr  # accelerate's launcher reports the exit; no traceback of ours
     assert "warm start" not in result.stderr
     assert time.monotonic() - start < 120
