@@ -19,7 +19,9 @@ token sampled) leaves the cache and the model's forward, while HF generate still
 the random numbers drawn, and with them every other row's tokens, stay the same.
 
 ``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``, the default) on a text-only model that is not
-sharded (ZeRO-3 and FSDP keep TRL's path) and calls the forward from ``_get_per_token_logps_and_entropies``.
+sharded (ZeRO-3 and FSDP keep TRL's path) and calls the forward from ``_get_per_token_logps_and_entropies``. TRL
+shuffles a generation's rows before it cuts them into micro-batches, which scatters a group over several; the
+trainer puts each group's rows back side by side (``group_micro_batches``) so that a micro-batch holds whole groups.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from transformers import DynamicCache
 from transformers.utils import ModelOutput
 from trl.kernels import ChunkedLogProbFunction
+from trl.trainer.utils import split_tensor_dict
 
 
 CHUNK = 32768  # vocabulary entries per tile of the log-prob kernel (TRL's own)
@@ -97,14 +100,48 @@ def install(model, temperature: float) -> None:
 
 
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the first row of each run of identical prompts [U], the run each row belongs to [R])."""
-    same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)  # [R-1]
-    starts = torch.cat([same.new_ones(1), ~same])  # [R]
-    return starts.nonzero().squeeze(1), starts.cumsum(0) - 1
+    """(the first row of each distinct prompt [U], the distinct prompt each row has [R]), wherever the rows repeat
+    a prompt: a micro-batch TRL shuffled holds its prompts' rows in any order."""
+    rows = torch.cat([prompt_ids, prompt_mask], 1)  # [R, 2P]: the same ids with other padding are another prompt
+    _, which = torch.unique(rows, dim=0, return_inverse=True)  # [R] in 0..U-1
+    order = torch.arange(rows.size(0), device=rows.device)
+    first = torch.full_like(order[: int(which.max()) + 1], rows.size(0)).scatter_reduce(0, which, order, "amin")
+    return first, which
+
+
+def group_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """A row order [R] that puts the rows of each distinct prompt side by side, prompts in the order of their first
+    row: applied to a batch TRL shuffled, it keeps the shuffled order of the groups."""
+    first, which = prompt_groups(prompt_ids, prompt_mask)
+    rank = torch.empty_like(first)
+    rank[first.argsort()] = torch.arange(first.numel(), device=first.device)  # [U] a prompt's place by first row
+    return torch.sort(rank[which], stable=True).indices
+
+
+def group_micro_batches(batches: list[dict]) -> list[dict]:
+    """TRL's micro-batches of one generation (``_buffered_inputs``: rows shuffled across them) with their rows
+    reordered so that each prompt's rows sit side by side, groups in their shuffled order: a micro-batch then holds
+    whole groups, whose prompt the shared forward runs once. The same rows, the same sizes: with TRL's losses, which
+    sum the micro-batches' terms, the same update to float rounding."""
+    merged = {}
+    for key, first in batches[0].items():
+        if first is None or (isinstance(first, torch.Tensor) and first.ndim == 0):
+            merged[key] = first  # per micro-batch values TRL copies into each (num_items_in_batch)
+        elif isinstance(first, torch.Tensor):
+            merged[key] = torch.cat([batch[key] for batch in batches])
+        else:
+            merged[key] = [row for batch in batches for row in batch[key]]
+    order = group_order(merged["prompt_ids"], merged["prompt_mask"])  # [R]
+    for key, value in merged.items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            merged[key] = value[order.to(value.device)]
+        elif isinstance(value, list):
+            merged[key] = [value[i] for i in order.tolist()]
+    return split_tensor_dict(merged, len(batches))
 
 
 def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: bool) -> DynamicCache | None:
-    """A cache of every row's prompt but its last token, computed once per run of identical prompts and indexed out
+    """A cache of every row's prompt but its last token, computed once per distinct prompt and indexed out
     to the rows; None when nothing repeats (or a prompt is one token). ``positions``: count positions from each
     row's first real token, as generate does (else from the first column, as a plain forward and TRL's scoring do:
     either way the same distances between real tokens, which is all rotary positions see)."""

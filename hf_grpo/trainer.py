@@ -76,6 +76,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._sampler = self._dynamic_sampler() if self.args.dynamic_sampling or overlap else None
         self.reward_health = RewardHealth(self.reward_func_names)
         self._shared_prompts = self._install_shared_prompts()
+        self._grouped_inputs = None  # the buffered micro-batches last regrouped by _prepare_inputs
         self._warned_infinite: set[str] = set()
         self.last_task_eval: tuple[int, float] | None = None  # (step, held-out accuracy), set by the task evaluator
 
@@ -312,6 +313,11 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch):
         inputs = self._timed("prepare", super()._prepare_inputs, generation_batch)  # TRL's micro-batch
+        fresh = self.model.training and self._buffered_inputs is not self._grouped_inputs  # TRL just generated
+        if fresh and self._shared_prompts:  # whole groups per micro-batch, each prompt run once for its group
+            self._buffered_inputs = shared_prompts.group_micro_batches(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+        self._grouped_inputs = self._buffered_inputs
         if self._ahead is not None and "policy_version" in inputs:  # overlap: the lag of every micro-batch trained on
             versions = self.accelerator.gather(inputs["policy_version"])  # [rows of every process]
             for name, value in self._ahead.lag_metrics(self.state.global_step, versions).items():

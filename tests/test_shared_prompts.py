@@ -90,10 +90,15 @@ def test_a_repeated_prompt_is_run_once(parts, monkeypatch):
     assert seen == [(3, 9 - 1), (3 * G, 1 + C)]  # the 3 prompts but their last token; then every row's suffix
 
 
-def test_prompt_groups_find_runs_of_identical_prompts():
-    prompts = torch.tensor([[0, 1], [0, 1], [2, 3], [0, 1]])
-    first, which = shared_prompts.prompt_groups(prompts, torch.ones_like(prompts))
-    assert first.tolist() == [0, 2, 3] and which.tolist() == [0, 0, 1, 2]
+def test_prompt_groups_find_identical_prompts_anywhere_and_group_order_puts_them_together():
+    prompts = torch.tensor([[0, 1], [0, 1], [2, 3], [0, 1], [5, 5], [2, 3]])
+    mask = torch.ones_like(prompts)
+    first, which = shared_prompts.prompt_groups(prompts, mask)
+    assert torch.equal(prompts[first][which], prompts)  # every row finds its prompt
+    assert sorted(first.tolist()) == [0, 2, 4]  # the first row of each
+    assert shared_prompts.group_order(prompts, mask).tolist() == [0, 1, 3, 2, 5, 4]
+    mask[2, 0] = 0  # the same ids with other padding: another prompt
+    assert shared_prompts.prompt_groups(prompts, mask)[0].numel() == 4
 
 
 @pytest.mark.parametrize("do_sample", [True, False])
@@ -156,14 +161,39 @@ def test_rows_that_ended_leave_the_forward_and_every_row_samples_as_before(parts
     assert min(shape[0] for shape in ours_calls[2:]) < prompts.size(0), ours_calls  # ended rows ran no forward
 
 
-def test_a_trainer_step_with_shared_prompts_trains_as_trls(tmp_path):
-    """One optimizer step of the same seed and batch with shared_prompts on and off: the same adapter."""
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_a_trainer_step_with_shared_prompts_trains_as_trls(tmp_path, micro_batches):
+    """One optimizer step of the same seed and batch with shared_prompts on and off: the same adapter. With 4
+    micro-batches TRL's shuffle scatters the groups, and ours (on) trains the rows regrouped."""
     adapters = []
     for shared in (True, False):
-        trainer = make_trainer(tmp_path / str(shared), max_steps=1, shared_prompts=shared, max_completion_length=6)
+        trainer = make_trainer(
+            tmp_path / str(shared), max_steps=1, shared_prompts=shared, max_completion_length=6,
+            per_device_train_batch_size=16 // micro_batches, gradient_accumulation_steps=micro_batches,
+        )  # fmt: skip
         assert trainer._shared_prompts is shared
         trainer.train()
         adapters.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n})
     moved = max((adapters[0][n] - adapters[1][n]).abs().max().item() for n in adapters[0])
     assert moved < 1e-5, moved
     assert any(adapters[0][n].abs().sum() > 0 for n in adapters[0] if "lora_B" in n)  # the step did train
+
+
+def test_each_micro_batch_trains_whole_groups_on_one_prefill(tmp_path, monkeypatch):
+    """4 prompts x 4 completions in 4 micro-batches of 4 rows: TRL shuffles the 16 rows before it cuts them; each
+    micro-batch the trainer trains holds one prompt's 4 rows, so its forward prefills one prompt."""
+    trainer = make_trainer(
+        tmp_path, max_steps=1, max_completion_length=6, per_device_train_batch_size=4, gradient_accumulation_steps=4
+    )
+    prefills, prefill = [], shared_prompts._prefill
+
+    def spy(model, ids, mask, positions):
+        if torch.is_grad_enabled():  # training, not generate
+            prefills.append((ids.size(0), shared_prompts.prompt_groups(ids, mask)[0].numel()))
+        return prefill(model, ids, mask, positions)
+
+    monkeypatch.setattr(shared_prompts, "_prefill", spy)
+    trainer.train()
+    assert prefills == [(4, 1)] * 4  # 4 micro-batches, each 4 rows of one prompt
+    for batch in trainer._buffered_inputs:
+        assert shared_prompts.prompt_groups(batch["prompt_ids"], batch["prompt_mask"])[0].numel() == 1
