@@ -140,13 +140,14 @@ def group_micro_batches(batches: list[dict]) -> list[dict]:
     return split_tensor_dict(merged, len(batches))
 
 
-def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: bool) -> DynamicCache | None:
-    """A cache of every row's prompt but its last token, computed once per distinct prompt and indexed out
-    to the rows; None when nothing repeats (or a prompt is one token). ``positions``: count positions from each
-    row's first real token, as generate does (else from the first column, as a plain forward and TRL's scoring do:
-    either way the same distances between real tokens, which is all rotary positions see)."""
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: bool, always: bool = False):
+    """A cache of every row's prompt but its last token, computed once per distinct prompt and indexed out to the
+    rows (a ``DynamicCache``); None when nothing repeats, unless ``always``, or when a prompt is one token.
+    ``positions``: count positions from each row's first real token, as generate does (else from the first column,
+    as a plain forward and TRL's scoring do: either way the same distances between real tokens, which is all rotary
+    positions see)."""
     first, which = prompt_groups(prompt_ids, prompt_mask)
-    if first.numel() == prompt_ids.size(0) or prompt_ids.size(1) < 2:
+    if (first.numel() == prompt_ids.size(0) and not always) or prompt_ids.size(1) < 2:
         return None
     ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]  # [U, P-1]
     position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if positions else None  # generate's rule
@@ -182,26 +183,24 @@ def _completion_logps(model, input_ids, attention_mask, completion_length: int, 
 
 
 def _shared_generate(model, original_generate, input_ids=None, attention_mask=None, **kwargs):
-    """``generate`` with each distinct prompt prefilled once: the rows continue from the indexed cache. Left as it is
-    for a call that brings its own cache or cache implementation, or whose rows do not repeat."""
+    """``generate`` with each distinct prompt prefilled once: the rows continue from the indexed cache, and a row
+    that ended leaves the forward (``LiveRows``; for that the prompts are prefilled even when none repeats). Left
+    as it is for a call that brings its own cache or cache implementation."""
     config = kwargs.get("generation_config") or model.generation_config
     own_cache = any(kwargs.get(name) is not None for name in ("cache", "past_key_values", "inputs_embeds"))
     if input_ids is None or attention_mask is None or own_cache or config.cache_implementation is not None:
         return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    eos, pad = (kwargs.get(name, getattr(config, name)) for name in ("eos_token_id", "pad_token_id"))
+    one_each = (kwargs.get("num_return_sequences") or config.num_return_sequences or 1) == 1
+    # (on mps HF generate runs one step past the end and undoes it on the cache: every row stays there)
+    live_rows = eos is not None and pad is not None and one_each and input_ids.device.type != "mps"
     with torch.no_grad():
-        cache = _prefill(model, input_ids, attention_mask, True)
+        cache = _prefill(model, input_ids, attention_mask, True, always=live_rows)
     if cache is None:
         return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     kwargs["cache"] = cache
-    # (on mps HF generate runs one step past the end and undoes it on the cache: every row stays there)
-    one_each = (config.num_return_sequences or 1) == 1
-    if (
-        config.eos_token_id is not None
-        and config.pad_token_id is not None
-        and one_each
-        and input_ids.device.type != "mps"
-    ):
-        model._live_rows = LiveRows(cache, _ids(config.eos_token_id), config.pad_token_id, input_ids.size(0))
+    if live_rows:
+        model._live_rows = LiveRows(cache, _ids(eos), pad, input_ids.size(0))
     try:
         return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     finally:

@@ -126,26 +126,31 @@ def test_generate_draws_the_same_samples(parts, do_sample):
     assert runs[0].size(1) > prompts.size(1)
 
 
-def test_rows_that_ended_leave_the_forward_and_every_row_samples_as_before(parts):
+@pytest.mark.parametrize("repeats", [True, False])
+def test_rows_that_ended_leave_the_forward_and_every_row_samples_as_before(parts, repeats):
     """A row that sampled its end-of-sequence token runs no further forward (the base model sees fewer rows), and the
-    tokens of every row are still HF generate's on whole rows, same seed."""
+    tokens of every row are still HF generate's on whole rows, same seed; also where no prompt repeats (evaluation)."""
     from transformers import GenerationConfig
 
     model, ids, mask, _ = parts
     model.eval()
     prompts, prompt_mask = ids[:, :-C], mask[:, :-C]
+    if not repeats:
+        prompts, prompt_mask = prompts[::G], prompt_mask[::G]  # one row of each of the 3 prompts
     base = model.get_base_model()
 
     def sample(eos: int | None, plain: bool) -> torch.Tensor:
+        # with repeats the end-of-sequence token comes in the config (TRL's way), else as an argument (evaluation's)
         config = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_k=0, pad_token_id=0,
-                                  eos_token_id=eos)  # fmt: skip
+                                  eos_token_id=eos if repeats else None)  # fmt: skip
+        given = {} if repeats else {"eos_token_id": eos}
         torch.manual_seed(5)
         with torch.no_grad():
             if plain:
                 return type(base).generate(
-                    base, input_ids=prompts, attention_mask=prompt_mask, generation_config=config
+                    base, input_ids=prompts, attention_mask=prompt_mask, generation_config=config, **given
                 )
-            return model.generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=config)
+            return model.generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=config, **given)
 
     eos = int(sample(None, True)[0, prompts.size(1) + 1])  # row 0's second token: row 0 ends there
     seen = []
@@ -187,10 +192,10 @@ def test_each_micro_batch_trains_whole_groups_on_one_prefill(tmp_path, monkeypat
     )
     prefills, prefill = [], shared_prompts._prefill
 
-    def spy(model, ids, mask, positions):
+    def spy(model, ids, mask, positions, **kwargs):
         if torch.is_grad_enabled():  # training, not generate
             prefills.append((ids.size(0), shared_prompts.prompt_groups(ids, mask)[0].numel()))
-        return prefill(model, ids, mask, positions)
+        return prefill(model, ids, mask, positions, **kwargs)
 
     monkeypatch.setattr(shared_prompts, "_prefill", spy)
     trainer.train()
