@@ -98,8 +98,9 @@ class HfGRPOConfig(GRPOConfig):
             Run each distinct prompt of a micro-batch through the model once for all its completions, when scoring
             them (log-probabilities, training) and when sampling them (HF generate, where a row that ended also
             runs no further forward), and project only completion positions onto the vocabulary: the same numbers
-            and samples as TRL's to float rounding, for less compute (`hf_grpo/shared_prompts.py`). Under activation checkpointing training runs whole rows (only the LM head
-            is trimmed). A sharded model (ZeRO-3, FSDP) or a vision-language model keeps TRL's path.
+            and samples as TRL's to float rounding, for less compute (`hf_grpo/shared_prompts.py`). Under
+            activation checkpointing training runs whole rows (only the LM head is trimmed). A sharded model
+            (ZeRO-3, FSDP) or a vision-language model keeps TRL's path.
 
         > Advantages
 

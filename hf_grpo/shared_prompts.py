@@ -103,9 +103,9 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     """(the first row of each distinct prompt [U], the distinct prompt each row has [R]), wherever the rows repeat
     a prompt: a micro-batch TRL shuffled holds its prompts' rows in any order."""
     rows = torch.cat([prompt_ids, prompt_mask], 1)  # [R, 2P]: the same ids with other padding are another prompt
-    _, which = torch.unique(rows, dim=0, return_inverse=True)  # [R] in 0..U-1
-    order = torch.arange(rows.size(0), device=rows.device)
-    first = torch.full_like(order[: int(which.max()) + 1], rows.size(0)).scatter_reduce(0, which, order, "amin")
+    distinct, which = torch.unique(rows, dim=0, return_inverse=True)  # [U, 2P], [R] in 0..U-1
+    order = torch.arange(rows.size(0), device=rows.device)  # [R]
+    first = order.new_full((distinct.size(0),), rows.size(0)).scatter_reduce(0, which, order, "amin")  # [U]
     return first, which
 
 
@@ -113,9 +113,7 @@ def group_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Te
     """A row order [R] that puts the rows of each distinct prompt side by side, prompts in the order of their first
     row: applied to a batch TRL shuffled, it keeps the shuffled order of the groups."""
     first, which = prompt_groups(prompt_ids, prompt_mask)
-    rank = torch.empty_like(first)
-    rank[first.argsort()] = torch.arange(first.numel(), device=first.device)  # [U] a prompt's place by first row
-    return torch.sort(rank[which], stable=True).indices
+    return torch.sort(first[which], stable=True).indices  # by each row's prompt's first row
 
 
 def group_micro_batches(batches: list[dict]) -> list[dict]:

@@ -170,7 +170,8 @@ def _exit_at_once(signum, frame) -> None:
     if _starting and LAUNCHED_ENV not in os.environ and os.environ.get("RANK", "0") == "0":
         resume = f"; resume with: {_resume_command(sys.argv[1:])}" if _resume_command else ""
         # Under someone else's launcher a peer's failure is also a stop: the launcher SIGTERMs the other processes.
-        peer = "; if another process printed an error above, it stopped this one" if _world_size() > 1 else ""
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        peer = "; if another process printed an error above, it stopped this one" if several else ""
         say(f"hf_grpo: stopped by a signal while starting, before training{peer}{resume}")
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -178,11 +179,6 @@ def _exit_at_once(signum, frame) -> None:
         except (OSError, ValueError):  # a terminal that is gone, a closed stream
             pass
     os._exit(STOP_STATUS)
-
-
-def _world_size() -> int:
-    size = os.environ.get("WORLD_SIZE", "1")
-    return int(size) if size.isdigit() else 1
 
 
 def say(line: str) -> None:
