@@ -191,7 +191,16 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
         restore_handlers()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_process_group()
     return 0
+
+
+def end_process_group() -> None:
+    """Shut this process's group down (a local call) before the interpreter exits: a 2-process gloo group left to
+    the interpreter's exit aborted now and then under load ("terminate called without an active exception", SIGABRT),
+    so the launcher reported a finished run, or one refused with exit 2, as a crash."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 PEER_GONE = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|Timed out waiting", re.IGNORECASE)

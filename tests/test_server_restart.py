@@ -15,6 +15,7 @@ import requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_grpo.generation.server_generator import ServerGenerator
+from hf_grpo.generation.vllm_client import VLLMConnectionError
 
 from .helpers.common import REPO
 from .helpers.fake_vllm_server import start_in_thread, start_subprocess
@@ -49,6 +50,39 @@ def test_a_server_that_lost_the_adapter_gets_it_again_and_the_step_goes_on(polic
     assert trainer.state.global_step == 3
     assert "no longer serves policy-1: loading policy-1 into it again and sending the request once more" in caplog.text
     assert set(adapters) == {"policy-2"}  # the sync after the reload went on as usual
+
+
+def test_a_server_that_stops_answering_during_a_sync_is_waited_for(policy_dir, tmp_path, caplog):
+    """The server went away while the sync unloaded an old adapter (CI: killed between the load and the unload):
+    with restart_wait the sync waits for it and goes on, where it had ended the run."""
+    server = start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True)
+    with server, caplog.at_level(logging.WARNING, logger="hf_grpo"):
+        tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
+        generator = ServerGenerator(
+            server.url, tmp_path / "adapters", request_timeout=30, server_timeout=30, restart_wait=60
+        )
+        trainer = make_trainer(
+            tmp_path,
+            model=AutoModelForCausalLM.from_pretrained(policy_dir),
+            tokenizer=tokenizer,
+            reward_funcs=alternating,
+            generator=generator,
+            max_steps=3,
+        )
+        unload, failures = generator.client.unload_lora_adapter, []
+
+        def unload_once_unanswered(name, **kwargs):
+            if not failures:
+                failures.append(name)
+                raise VLLMConnectionError(f"vLLM server at {server.url} did not answer POST /v1/unload_lora_adapter")
+            return unload(name, **kwargs)
+
+        generator.client.unload_lora_adapter = unload_once_unanswered
+        trainer.train()
+        adapters = requests.get(f"{server.url}/fixture/adapters", timeout=10).json()["adapters"]
+    assert failures == ["policy-0"] and trainer.state.global_step == 3
+    assert "waiting up to 60 s for it to come back (generation.restart_wait)" in caplog.text
+    assert set(adapters) == {"policy-2"}  # the unload sent once more went through
 
 
 @pytest.mark.subprocess

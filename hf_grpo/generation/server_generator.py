@@ -156,8 +156,8 @@ class ServerGenerator:
         sha256 = save_adapter(trainer, path)
         if trainer.accelerator.is_main_process:
             self._send_once_more_after_restart(self.client.load_lora_adapter, name, str(path.resolve()), reload=False)
-            for old in [n for n in self.loaded if n != name and n not in in_use]:
-                self.client.unload_lora_adapter(old, missing_ok=True)
+            for old in [n for n in self.loaded if n != name and n not in in_use]:  # a restart mid-loop: waited for
+                self._send_once_more_after_restart(self.client.unload_lora_adapter, old, reload=False, missing_ok=True)
             self.adapter_sha256 = sha256
             logger.debug("server now serves %s (sha256 %s)", name, sha256)
             # delete the adapter directories the server no longer serves (older runs' too)

@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
 from tests.helpers.trainers import make_trainer
 
@@ -77,4 +78,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
+        end_process_group()

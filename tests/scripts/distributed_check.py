@@ -15,6 +15,7 @@ from accelerate.utils import gather_object
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.train import end_process_group
 from tests.helpers.reward_scripts import half_varying
 from tests.helpers.trainers import make_trainer
 
@@ -55,4 +56,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
+        end_process_group()

@@ -15,6 +15,7 @@ import time
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
 from tests.helpers.common import tiny_config, tiny_lora
 from tests.helpers.reward_scripts import alternating
@@ -60,4 +61,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
+        end_process_group()

@@ -14,6 +14,7 @@ from accelerate.utils import gather_object
 
 from hf_grpo.pipeline import agree_on_resume
 from hf_grpo.recipe import RecipeError
+from hf_grpo.train import end_process_group
 from tests.helpers.common import tiny_config
 
 
@@ -41,4 +42,7 @@ def main(out: str, folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    try:
+        main(sys.argv[1], sys.argv[2])
+    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
+        end_process_group()

@@ -17,6 +17,7 @@ from accelerate.utils import gather_object
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
 from tests.helpers.callbacks import StopAt
 from tests.helpers.reward_scripts import half_varying
@@ -94,4 +95,7 @@ def main(out: str, folder: str, world: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(os.environ.get("WORLD_SIZE", "1")))
+    try:
+        main(sys.argv[1], sys.argv[2], int(os.environ.get("WORLD_SIZE", "1")))
+    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
+        end_process_group()
