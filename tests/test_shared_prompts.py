@@ -9,6 +9,7 @@ import torch
 
 from hf_grpo import shared_prompts
 
+from .helpers.reward_scripts import alternating
 from .helpers.trainers import make_trainer
 
 
@@ -175,6 +176,7 @@ def test_a_trainer_step_with_shared_prompts_trains_as_trls(tmp_path, micro_batch
         trainer = make_trainer(
             tmp_path / str(shared), max_steps=1, shared_prompts=shared, max_completion_length=6,
             per_device_train_batch_size=16 // micro_batches, gradient_accumulation_steps=micro_batches,
+            reward_funcs=alternating,  # every group a learning signal, whatever the samples
         )  # fmt: skip
         assert trainer._shared_prompts is shared
         trainer.train()
