@@ -432,10 +432,13 @@ def compare(base: dict, ours: dict) -> str:
     """``ours`` against ``base``: the steps/s ratio and the difference by phase."""
     extra, rt = ours["wall"] - base["wall"], ours["rt_wall"] - base["rt_wall"]
     phases = ", ".join(f"{k} {ours[k] - base[k]:+.2f}" for k in ("generate", "reward", "score", "train"))
+    # arms that draw other random numbers sample other completions, so their steps hold other numbers of tokens
+    per_token = (base["wall"] / base["tokens"]) / (ours["wall"] / ours["tokens"])
     return (
         f"{ours['arm']} over {base['arm']}: {base['wall'] / ours['wall']:.2f}x the steps/s; {extra:+.3f} s/step "
         f"({extra / base['wall']:+.1%}) by the step callback, {rt:+.3f} s/step ({rt / base['rt_wall']:+.1%}) by "
-        f"train_runtime; by phase (s): {phases}"
+        f"train_runtime; by phase (s): {phases}; {per_token:.2f}x per completion token "
+        f"({ours['tokens']:.0f} tokens a step against {base['tokens']:.0f})"
     )
 
 
