@@ -77,10 +77,14 @@ def marked_processes(mark: str) -> dict[int, str]:
 
 
 def kill_marked(mark: str) -> None:
-    """SIGKILL whatever a test's run left behind (cleanup; the assertions are the test's)."""
-    for pid in marked_processes(mark):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """SIGKILL every process of the mark (cleanup, or a machine dying: the assertions are the test's). All are frozen
+    (SIGSTOP) before any is killed: a launched training process takes its launcher's death as Ctrl-C
+    (``PR_SET_PDEATHSIG``) and ends cleanly, its lock released, if it runs in the gap between two kills (CI, loaded)."""
+    pids = marked_processes(mark)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 def wait_until(condition, timeout: float, interval: float = 0.2) -> bool:
