@@ -4,6 +4,7 @@ request once more. While it restarts it does not answer at all: ``generation.res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -23,19 +24,28 @@ from .helpers.reward_scripts import alternating
 from .helpers.trainers import make_trainer
 
 
-def test_a_server_that_lost_the_adapter_gets_it_again_and_the_step_goes_on(policy_dir, tmp_path, caplog):
+@contextlib.contextmanager
+def served_trainer(policy_dir, tmp_path, **generator_options):
+    """A stand-in server in this process, and a 3-step trainer generating through it: (server, generator, trainer)."""
     server = start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True)
-    with server, caplog.at_level(logging.WARNING, logger="hf_grpo"):
-        tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
-        generator = ServerGenerator(server.url, tmp_path / "adapters", request_timeout=30, server_timeout=30)
+    with server:
+        generator = ServerGenerator(
+            server.url, tmp_path / "adapters", request_timeout=30, server_timeout=30, **generator_options
+        )
         trainer = make_trainer(
             tmp_path,
             model=AutoModelForCausalLM.from_pretrained(policy_dir),
-            tokenizer=tokenizer,
+            tokenizer=AutoTokenizer.from_pretrained(policy_dir, padding_side="left"),
             reward_funcs=alternating,
             generator=generator,
             max_steps=3,
         )
+        yield server, generator, trainer
+
+
+def test_a_server_that_lost_the_adapter_gets_it_again_and_the_step_goes_on(policy_dir, tmp_path, caplog):
+    served = served_trainer(policy_dir, tmp_path)
+    with served as (server, generator, trainer), caplog.at_level(logging.WARNING, logger="hf_grpo"):
         sync = generator.sync
 
         def sync_then_lose_it(t):  # as if the server restarted between the sync and the step's generation
@@ -55,20 +65,8 @@ def test_a_server_that_lost_the_adapter_gets_it_again_and_the_step_goes_on(polic
 def test_a_server_that_stops_answering_during_a_sync_is_waited_for(policy_dir, tmp_path, caplog):
     """The server went away while the sync unloaded an old adapter (CI: killed between the load and the unload):
     with restart_wait the sync waits for it and goes on, where it had ended the run."""
-    server = start_in_thread(policy_dir, enable_lora=True, max_lora_rank=8, allow_runtime_lora_updating=True)
-    with server, caplog.at_level(logging.WARNING, logger="hf_grpo"):
-        tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
-        generator = ServerGenerator(
-            server.url, tmp_path / "adapters", request_timeout=30, server_timeout=30, restart_wait=60
-        )
-        trainer = make_trainer(
-            tmp_path,
-            model=AutoModelForCausalLM.from_pretrained(policy_dir),
-            tokenizer=tokenizer,
-            reward_funcs=alternating,
-            generator=generator,
-            max_steps=3,
-        )
+    served = served_trainer(policy_dir, tmp_path, restart_wait=60)
+    with served as (server, generator, trainer), caplog.at_level(logging.WARNING, logger="hf_grpo"):
         unload, failures = generator.client.unload_lora_adapter, []
 
         def unload_once_unanswered(name, **kwargs):
