@@ -53,7 +53,8 @@ GAIN_BAR = 0.20
 
 def build_policy(seed: int, recipe: dict, out: Path) -> Path:
     """The recipe's warm-started tiny policy for ``seed``, saved to ``out`` (as hf_grpo.pipeline.load_policy)."""
-    from hf_grpo.tiny import build_model, build_tokenizer, warm_start  # torch: after argument parsing
+    from hf_grpo.tiny import build_model, build_tokenizer  # torch: after argument parsing
+    from hf_grpo.warm_start import warm_start
 
     if (out / "config.json").is_file():
         return out

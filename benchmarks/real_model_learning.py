@@ -2,6 +2,7 @@
 
     hf-grpo model get smollm2-135m-instruct-q4_1              # once: the model (hf_grpo.local_models)
     python benchmarks/real_model_learning.py                  # seeds 0 1 2, one after another (~11-12 min each here)
+    python benchmarks/real_model_learning.py --recipe recipes/smollm2-135m-reasoning.yaml
     python benchmarks/real_model_learning.py --seeds 0 --run-args "--max_steps 4"
     python benchmarks/real_model_learning.py --reuse          # only the table, from runs already in --out
 
@@ -13,11 +14,13 @@ What it prints per seed, all read from the run's own files:
 
 - held-out greedy accuracy before and after training on the recipe's held-out set (``arithmetic_transfer``: a third
   held-out questions of the training templates, a third the same operations phrased differently, a third two
-  operations in one problem; each seed draws its own set), and the gain with its paired 95% interval
+  operations in one problem; ``arithmetic_reasoning``: those, three operations and a distractor number, a fifth each;
+  each seed draws its own set), and the gain with its paired 95% interval
   (``hf_grpo.evaluation.stats.gain_from_run``: the same problems graded before and after);
 - format: the share of held-out answers in the format the prompt asks for, ending with ``#### N`` and using ``####``
   nowhere else (``hf_grpo.rewards.functions.hash_final_format``), before and after;
-- the gain per kind of held-out problem (seen / rephrased / two_step);
+- the gain per kind of held-out problem (seen / rephrased / two_step [/ three_step / distractor]), with its interval
+  in the ``--json`` rows;
 - wall seconds of the whole command (``time.perf_counter`` around the process: model load, both evaluations,
   training, reports), the training loop's seconds (``train_runtime``) and the mean seconds per optimizer step by
   phase from ``training_history.json`` (``time/generate``, ``time/reward``, ``time/score``, ``time/train``,
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_grpo.data.arithmetic import make_transfer_split
+from hf_grpo.data.arithmetic import HELD_OUT_SETS, REASONING_KINDS
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
 from hf_grpo.generation.vllm_install import find_vllm
 from hf_grpo.rewards.functions import hash_final_format
@@ -49,7 +52,6 @@ from hf_grpo.run_files import EVAL_RECORDS, HISTORY_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("generate", "reward", "score", "train", "weight_sync")
-KINDS = ("seen", "rephrased", "two_step")
 LOW_BAR, GOAL = 0.0, 0.05
 
 
@@ -79,9 +81,12 @@ def records(out: Path, label: str) -> dict[int, dict]:
 
 
 def kinds_of(out: Path, before: dict[int, dict]) -> dict[int, str]:
-    """Each held-out problem's kind, from the set the run drew (``arithmetic_transfer``, its size and seed)."""
+    """Each held-out problem's kind, from the set the run drew (an embedded held-out set, its size and seed)."""
     values = yaml.safe_load((out / "recipe.yaml").read_text())
-    problems = make_transfer_split(values["arithmetic_eval_size"], values["seed"])
+    make = HELD_OUT_SETS.get(values.get("eval_dataset_name"))
+    if make is None:
+        return {}
+    problems = make(values["arithmetic_eval_size"], values["seed"])
     kinds = {}
     for index, record in before.items():
         problem = problems[index]
@@ -99,7 +104,7 @@ def summarize(out: Path, seconds: float) -> dict:
     for label, recs in (("before", before), ("after", after)):
         row[f"format_{label}"] = sum(hash_final_format([r["completion"] for r in recs.values()])) / len(recs)
     kinds = kinds_of(out, before)
-    for kind in KINDS:
+    for kind in REASONING_KINDS:
         index = [i for i, k in kinds.items() if k == kind]
         if index:
             row[f"gain_{kind}"] = paired_gain([before[i]["grade"] for i in index], [after[i]["grade"] for i in index])
@@ -117,13 +122,13 @@ def summarize(out: Path, seconds: float) -> dict:
 
 HEADER = (
     "seed  before  after   gain   95% interval      r->w  w->r  format before->after  gain seen/rephrased/two_step"
-    "  wall s  train s  s/step (gen + train)  backend"
+    "[/three_step/distractor]  wall s  train s  s/step (gen + train)  backend"
 )
 
 
 def format_row(seed: int, row: dict) -> str:
     low, high = row["ci95"]
-    kinds = "/".join(f"{row[f'gain_{k}']['gain']:+.2f}" if f"gain_{k}" in row else "  -  " for k in KINDS)
+    kinds = "/".join(f"{row[f'gain_{k}']['gain']:+.2f}" for k in REASONING_KINDS if f"gain_{k}" in row) or "-"
     return (
         f"{seed:>4}  {row['before_accuracy']:6.3f}  {row['after_accuracy']:5.3f}  {row['gain']:+5.3f}  "
         f"[{low:+.3f}, {high:+.3f}]  {row['right_to_wrong']:>4}  {row['wrong_to_right']:>4}  "
@@ -131,6 +136,19 @@ def format_row(seed: int, row: dict) -> str:
         f"{row['train_runtime'] or 0:7.0f}  {row['s_step']:6.1f} ({row['s_generate']:.1f} + {row['s_train']:.1f})"
         f"  {row['backend']}"
     )
+
+
+def format_kinds(row: dict) -> str:
+    """One line: each kind's gain and paired 95% interval (issue 47's bars are per kind)."""
+    parts = []
+    for kind in REASONING_KINDS:
+        if f"gain_{kind}" in row:
+            g = row[f"gain_{kind}"]
+            parts.append(f"{kind} {g['before_accuracy']:.2f}->{g['after_accuracy']:.2f} {g['gain']:+.2f} "
+                         f"[{g['ci95'][0]:+.2f}, {g['ci95'][1]:+.2f}]")  # fmt: skip
+    if not parts:
+        return ""
+    return f"      per kind (n each: {row['gain_seen']['n']}): " + "; ".join(parts)
 
 
 def main() -> int:
@@ -167,6 +185,8 @@ def main() -> int:
             continue
         rows[seed] = summarize(out, seconds)
         print(format_row(seed, rows[seed]), flush=True)
+        if format_kinds(rows[seed]):
+            print(format_kinds(rows[seed]), flush=True)
         ok = ok and rows[seed]["ci95"][0] > LOW_BAR
     goal = sum(r["ci95"][0] >= GOAL for r in rows.values())
     print(f"\ninterval above 0 on {sum(r['ci95'][0] > LOW_BAR for r in rows.values())} of {len(args.seeds)} seeds; "

@@ -61,7 +61,8 @@ from hf_grpo.generation.vllm_client import VLLMServerClient
 from hf_grpo.process_layout import shipped_dir
 from hf_grpo.recipe import load_recipe
 from hf_grpo.rewards import grade
-from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.warm_start import warm_start
 
 
 # vLLM 0.30 on CPU crashes a seeded request whose prefill is split over steps ("CPU Generator does not use offset",

@@ -255,6 +255,13 @@ def _history_facts(history: list[dict]) -> str | None:
     return "This run: " + ", ".join(facts) + "."
 
 
+EMBEDDED_DATA = {  # how a card names the embedded datasets (hf_grpo.data.arithmetic)
+    "arithmetic": "hf_grpo arithmetic word problems",
+    "arithmetic_transfer": "hf_grpo arithmetic word problems: training templates, other phrasings, two steps",
+    "arithmetic_reasoning": "hf_grpo arithmetic word problems: the transfer kinds, three steps, distractor numbers",
+}
+
+
 def _eval_dataset(run: RunResult) -> dict[str, str | None]:
     """The held-out set as ``EvalResult`` describes it: ``type`` (Hub id, preset or file name), ``name``, ``config``,
     ``split``. From ``eval_results.json``'s ``settings`` (written by ``hf_grpo.pipeline``); a run from before they
@@ -269,14 +276,7 @@ def _eval_dataset(run: RunResult) -> dict[str, str | None]:
         split = "test" if name in EMBEDDED else run.value("dataset_test_split")
     name = _public_name(str(name or "unknown"))
     hub_id = _hub_dataset_id(name)
-    if hub_id:
-        pretty = hub_id
-    elif name == "arithmetic":
-        pretty = "hf_grpo arithmetic word problems"
-    elif name == "arithmetic_transfer":
-        pretty = "hf_grpo arithmetic word problems: training templates, other phrasings, two steps"
-    else:
-        pretty = f"{name} (local file)"
+    pretty = hub_id or EMBEDDED_DATA.get(name) or f"{name} (local file)"
     return {"type": hub_id or name, "name": pretty, "config": config, "split": split}
 
 

@@ -41,10 +41,14 @@ class ModelArguments(ModelConfig):
         tiny_hidden_size (`int`, defaults to `128`):
             Hidden size of the embedded tiny model.
         warm_start_steps (`int`, defaults to `0`):
-            Supervised steps on the embedded arithmetic train split before GRPO (`tiny` only), so that the policy
-            knows the answer format and GRPO has reward variance to learn from.
+            Supervised steps before GRPO (`hf_grpo.warm_start`). With `tiny`: on the embedded arithmetic train split,
+            building the base model, so that GRPO has reward variance to learn from. With a pretrained model: on the
+            training rows' gold solutions (`solution_column`, the prompt as GRPO renders it), after the `before`
+            evaluation, training the adapter with `use_peft`; skipped when the run resumes from a checkpoint.
         warm_start_lr (`float`, defaults to `2e-3`):
             Learning rate of the warm start.
+        warm_start_batch_size (`int`, defaults to `32`):
+            Rows per warm-start step (a pretrained model's; the tiny model's are 32).
     """
 
     model_name_or_path: str | None = field(
@@ -52,9 +56,10 @@ class ModelArguments(ModelConfig):
     )
     tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the embedded tiny model."})
     warm_start_steps: int = field(
-        default=0, metadata={"help": "Supervised warm-start steps before GRPO (embedded tiny model only)."}
+        default=0, metadata={"help": "Supervised steps on gold solutions before GRPO (tiny: builds its base model)."}
     )
     warm_start_lr: float = field(default=2e-3, metadata={"help": "Learning rate of the warm start."})
+    warm_start_batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
 
 
 @dataclass

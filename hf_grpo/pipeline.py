@@ -57,7 +57,8 @@ def load_policy(recipe: Recipe, chat_prompts: bool = False):
 
     model_args, args = recipe.model, recipe.training
     if model_args.model_name_or_path == "tiny":
-        from .tiny import build_model, build_tokenizer, warm_start  # torch: loaded when a run starts, not --help
+        from .tiny import build_model, build_tokenizer  # torch: loaded when a run starts, not --help
+        from .warm_start import warm_start  # the same
 
         tokenizer = build_tokenizer(seed=args.seed)
         model = build_model(tokenizer, seed=args.seed, hidden_size=model_args.tiny_hidden_size)
@@ -365,6 +366,10 @@ def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, o
         # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
         # shards, and only the trainer's unwrap gathers them for generation.
         results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
+    if recipe.model.warm_start_steps > 0 and recipe.model.model_name_or_path != "tiny" and resume is None:
+        from .warm_start import warm_start_policy  # torch: loaded when a run starts, not for --help
+
+        warm_start_policy(trainer, recipe.model)  # after "before": the gain counts it (the tiny model's is its base)
     if evaluator is not None and args.task_eval_steps > 0:
         trainer.add_callback(evaluator.callback(trainer, log_evaluation))
     try:

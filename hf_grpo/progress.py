@@ -82,7 +82,7 @@ class ProgressLog:
             self.last, self.logged = now, True
             logger.info("%s", self.line(now))
 
-    def set_postfix_str(self, text: str) -> None:  # (a bar's extra text: not logged)
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:  # (a bar's extra text: not logged)
         pass
 
     def line(self, now: float) -> str:

@@ -1,24 +1,22 @@
 """A tiny Qwen2-architecture model and tokenizer built locally, plus a short supervised warm start.
 
 The embedded default run (``recipes/tiny.yaml``) and the tests need a causal LM that exists without a hub:
-``build_tokenizer`` (byte-level BPE, ChatML template), ``build_model`` (2 layers, about 150k parameters),
-``warm_start`` (a few hundred supervised steps, so GRPO sees a reward signal) and ``build_tiny``. Why and how:
-docs/data.md. Run ``python -m hf_grpo.tiny OUT_DIR`` to write a warm-started model and tokenizer to ``OUT_DIR``.
+``build_tokenizer`` (byte-level BPE, ChatML template), ``build_model`` (2 layers, about 150k parameters) and
+``build_tiny`` (both, then ``hf_grpo.warm_start``'s few hundred supervised steps, so GRPO sees a reward signal).
+Why and how: docs/data.md. Run ``python -m hf_grpo.tiny OUT_DIR`` to write a warm-started model and tokenizer to ``OUT_DIR``.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from .data.arithmetic import corpus, make_split
-from .evaluation.core import prompt_token_ids
-from .progress import progress_bar
+from .data.arithmetic import corpus
+from .warm_start import warm_start
 
 
 logger = logging.getLogger(__name__)
@@ -87,72 +85,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
-
-
-def _sft_example(tokenizer, prompt, completion: str) -> tuple[list[int], int]:
-    prompt_ids = prompt_token_ids(tokenizer, prompt)
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return prompt_ids + completion_ids, len(prompt_ids)
-
-
-def _sft_batch(batch: list[tuple[list[int], int]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on the prompt and padding), [B, T] each."""
-    width = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), width), pad_token_id)  # [B, T], right-padded
-    labels = torch.full((len(batch), width), -100)  # [B, T], -100 = ignored
-    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
-    for row, (ids, prompt_len) in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
-        attention_mask[row, : len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def arithmetic_examples(n_problems: int = 4000, seed: int = 0) -> list[tuple[list[dict], str]]:
-    """(chat prompt, GSM8K-style answer) pairs of the embedded train split: the default warm-start data."""
-    return [([{"role": "user", "content": p["question"]}], p["answer"]) for p in make_split("train", n_problems, seed)]
-
-
-def warm_start(
-    model,
-    tokenizer,
-    steps: int,
-    batch_size: int = 32,
-    lr: float = 3e-3,
-    seed: int = 0,
-    n_problems: int = 4000,
-    examples: list[tuple] | None = None,
-    progress: bool | None = None,
-) -> list[float]:
-    """Supervised steps (loss on completion tokens only). Returns the loss per step.
-
-    ``examples`` are ``(prompt, completion)`` pairs, the prompt a message list or plain text, tokenized as GRPOTrainer
-    tokenizes prompts; by default the embedded arithmetic train split in chat form (``arithmetic_examples``).
-    A progress bar counts the steps, with the last loss beside it (``progress``: see ``hf_grpo.progress``; None shows
-    it on the main process when stderr is a terminal or in a notebook).
-    """
-    if steps <= 0:
-        return []
-    pairs = examples if examples is not None else arithmetic_examples(n_problems, seed)
-    examples = [_sft_example(tokenizer, prompt, completion) for prompt, completion in pairs]
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    losses = []
-    start = time.perf_counter()
-    with progress_bar(steps, "warm start", enabled=progress, unit="step", leave=False) as bar:
-        for _ in range(steps):
-            idx = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
-            loss = model(**_sft_batch([examples[i] for i in idx], tokenizer.pad_token_id)).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)  # drawn by update(), at most every 0.1 s
-            bar.update()
-    logger.info("warm start: %d steps in %.1fs, final loss %.3f", steps, time.perf_counter() - start, losses[-1])
-    model.eval()
-    return losses
 
 
 def build_tiny(seed: int = 0, warm_start_steps: int = 0):

@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def policy_dir(tmp_path_factory):
     """A warm-started tiny model on disk: the server loads it, the trainer loads it and adds LoRA."""
-    from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.warm_start import warm_start
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=64)

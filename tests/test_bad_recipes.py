@@ -30,6 +30,12 @@ BOMB_MAPPING = "".join(f"    a{n}: {line[4:]}\n" for n, line in enumerate(ALIAS_
 # (case id, command-line overrides on recipes/tiny.yaml, text the one error line must contain)
 OVERRIDES = [
     ("lr-nan", ["--learning_rate", ".nan"], "learning_rate"),
+    (
+        "warm-start-zero3",
+        ["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--warm_start_steps", "4", "--accelerate_config", "zero3"],
+        "warm_start_steps: 4 trains a pretrained model before GRPO, on weights that ZeRO-3 shards",
+    ),
+    ("two-step-share", ["--arithmetic_two_step_share", "1.5"], "arithmetic_two_step_share"),
     ("lr-inf", ["--learning_rate", ".inf"], "learning_rate"),
     ("lr-neg-inf", ["--learning_rate", "-.inf"], "learning_rate"),
     ("lr-nan-text", ["--learning_rate", "nan"], "learning_rate must be a finite number, got 'nan'"),

@@ -30,6 +30,7 @@ LAYERS = [
         "checkpoints",
         "hardware",
         "tiny",
+        "warm_start",
         "vllm_standin",
         "local_models",
         "process_layout",

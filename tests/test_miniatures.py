@@ -101,6 +101,9 @@ def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
     assert code == 0, log[-6000:]
 
     assert "training on 2 process(es)" in log
+    warm = values.get("warm_start_steps", 0) if values.get("model_name_or_path") != "tiny" else 0
+    if warm:  # a pretrained policy's warm start, on both processes (then process 0's weights everywhere)
+        assert f"warm start: {warm} steps" in log
     config = values.get("accelerate_config")
     if config and config.startswith(("zero", "multinode")):
         assert "training on 2 process(es), DEEPSPEED" in log
@@ -142,6 +145,7 @@ def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
     )
     assert code == 0, log[-6000:]
     assert f"resuming from {out / 'checkpoint-2'}" in log
+    assert "warm start:" not in log  # the checkpoint holds it
     assert history_steps(out) == [1, 2, 3]
 
 

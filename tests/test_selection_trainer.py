@@ -18,8 +18,9 @@ import pytest
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.selection import Record, prompt_key
-from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.warm_start import warm_start
 
 from .helpers.common import REPO, tiny_config
 from .helpers.overlap_run import make_overlap_trainer

@@ -13,8 +13,9 @@ from transformers import TrainerCallback
 from hf_grpo.config import HfGRPOConfig
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.rewards.functions import gsm8k_correctness
-from hf_grpo.tiny import build_model, build_tokenizer, warm_start
+from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.warm_start import warm_start
 
 from .helpers import reward_scripts, trainers
 from .helpers.callbacks import StopAt

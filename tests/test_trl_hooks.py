@@ -327,7 +327,7 @@ def scored(tmp_path_factory):
     """One generation batch scored by TRL's own _generate_and_score_completions, in training mode, with TRL computing
     old_per_token_logps itself (steps_per_generation 2 > gradient_accumulation_steps 1)."""
     from hf_grpo.config import HfGRPOConfig
-    from hf_grpo.tiny import warm_start
+    from hf_grpo.warm_start import warm_start
 
     from .helpers import reward_scripts
 

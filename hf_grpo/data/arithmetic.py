@@ -7,8 +7,11 @@
     True
 
 ``split_of`` puts every question text in exactly one split, so train and held-out are disjoint (docs/data.md).
-``make_transfer_split`` is a held-out set that is not only the training distribution: a third the training
-templates' held-out questions, a third the same operations phrased differently, a third two operations in one problem.
+``make_split(..., two_step_share=...)`` mixes in two-operation problems (training phrasings, a worked line per step).
+Two held-out sets are not only the training distribution: ``make_transfer_split`` (a third the training templates'
+held-out questions, a third the same operations phrased differently, a third two operations in one problem) and
+``make_reasoning_split`` (those three kinds plus three operations and a distractor number, a fifth each), all in
+phrasings no training problem uses.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ TEMPLATES = {
     "+": "{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have?",
     "-": "{name} has {a} {item}. {name} gives away {b}. How many {item} are left?",
 }
+# Two operations in the training templates' words (make_split's two_step_share); the held-out TWO_STEP below is
+# phrased otherwise, so a gain there is transfer, not recall.
+TRAIN_TWO_STEP = {
+    ("+", "-"): "{name} has {a} {item}. {name} gets {b} more and then gives away {c}. How many {item} are left?",
+    ("-", "+"): "{name} has {a} {item}. {name} gives away {b} and then gets {c} more. "
+    "How many {item} does {name} have?",
+    ("+", "+"): "{name} has {a} {item}. {name} gets {b} more and then {c} more. How many {item} does {name} have?",
+}
 
 
 # Held-out phrasings no training problem uses (make_transfer_split): other names, items and sentence shapes.
@@ -37,9 +48,20 @@ TWO_STEP = {
     ("-", "+"): "{name} had {a} {item}, sold {b} and then bought {c} more. How many {item} does {name} have now?",
     ("+", "+"): "{name} has {a} {item}. A friend gives {b} more and a sister gives {c} more. How many {item} in all?",
 }
+THREE_STEP = (
+    "{name} had {a} {item}. {name} found {b} more, gave {c} to a friend and then bought {d} more. "
+    "How many {item} does {name} have now?"
+)
+# One operation answers it; the second number of the first sentence is about something else.
+DISTRACTOR = {
+    "+": "{name} has {a} {item} and {x} {other}. Later {name} buys {b} more {item}. How many {item} does {name} have?",
+    "-": "{name} keeps {a} {item} in a jar and {x} {other} in a bag. {name} uses {b} of the {item}. "
+    "How many {item} remain in the jar?",
+}
 OTHER_NAMES = ["Ruth", "Omar", "Lena", "Kofi", "Nina", "Yuki"]
 OTHER_ITEMS = ["stamps", "marbles", "stickers", "beads", "tickets", "buttons"]
 TRANSFER_KINDS = ("seen", "rephrased", "two_step")
+REASONING_KINDS = (*TRANSFER_KINDS, "three_step", "distractor")
 
 
 def split_of(question: str) -> str:
@@ -62,20 +84,25 @@ def _one_step(rng: random.Random, templates: dict, names: list[str], items: list
     return {"question": question, "answer": f"{a} {op} {b} = {result}\n#### {result}", "solution": str(result)}
 
 
-def make_problem(rng: random.Random, split: str | None = None) -> dict:
-    """One problem as ``{"question", "answer", "solution"}``; ``answer`` is GSM8K-style, ``solution`` the number."""
+def make_problem(rng: random.Random, split: str | None = None, two_step_share: float = 0.0) -> dict:
+    """One problem as ``{"question", "answer", "solution"}``; ``answer`` is GSM8K-style (one worked line per
+    operation, then ``#### N``), ``solution`` the number. With ``two_step_share`` > 0 that share of problems has two
+    operations (``TRAIN_TWO_STEP``); at 0 the random draws, and so the problems, are those of one-step-only sets."""
     while True:
-        problem = _one_step(rng, TEMPLATES, NAMES, ITEMS)
+        two = two_step_share > 0 and rng.random() < two_step_share
+        problem = _chain(rng, TRAIN_TWO_STEP, NAMES, ITEMS) if two else _one_step(rng, TEMPLATES, NAMES, ITEMS)
         if split is None or split_of(problem["question"]) == split:
             return problem
 
 
-def make_split(split: str, n: int, seed: int) -> list[dict]:
+def make_split(split: str, n: int, seed: int, two_step_share: float = 0.0) -> list[dict]:
     """``n`` problems of one split ("train" or "test"), reproducible from ``seed``."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not 0.0 <= two_step_share <= 1.0:
+        raise ValueError(f"two_step_share must lie in [0, 1], got {two_step_share}")
     rng = random.Random(f"{split}-{seed}")
-    return [make_problem(rng, split) for _ in range(n)]
+    return [make_problem(rng, split, two_step_share) for _ in range(n)]
 
 
 def corpus(n: int = 2000, seed: int = 0) -> list[str]:
@@ -88,15 +115,44 @@ def corpus(n: int = 2000, seed: int = 0) -> list[str]:
     return texts
 
 
-def _two_step(rng: random.Random) -> dict:
-    ops = rng.choice(list(TWO_STEP))  # a loss always follows a gain, so the count stays positive
+def _steps(rng: random.Random, ops: tuple[str, ...]) -> tuple[list[int], str, int]:
+    """Operands for a chain of operations, every count positive: (numbers, worked lines, result)."""
     a, b = _operands(rng, ops[0])
-    first = a + b if ops[0] == "+" else a - b
-    c = rng.randint(1, 9) if ops[1] == "+" else rng.randint(1, min(first - 1, 9))
-    result = first + c if ops[1] == "+" else first - c
-    question = TWO_STEP[ops].format(name=rng.choice(OTHER_NAMES), item=rng.choice(OTHER_ITEMS), a=a, b=b, c=c)
-    answer = f"{a} {ops[0]} {b} = {first}\n{first} {ops[1]} {c} = {result}\n#### {result}"
-    return {"question": question, "answer": answer, "solution": str(result)}
+    numbers, lines, total = [a], [], a
+    for op in ops:
+        n = b if len(numbers) == 1 else rng.randint(1, 9) if op == "+" else rng.randint(1, min(total - 1, 9))
+        result = total + n if op == "+" else total - n
+        lines.append(f"{total} {op} {n} = {result}")
+        numbers.append(n)
+        total = result
+    return numbers, "\n".join(lines), total
+
+
+def _chain(rng: random.Random, templates: dict, names: list[str], items: list[str]) -> dict:
+    ops = rng.choice(list(templates))  # a loss always follows a gain, so the count stays positive
+    (a, b, c), lines, result = _steps(rng, ops)
+    question = templates[ops].format(name=rng.choice(names), item=rng.choice(items), a=a, b=b, c=c)
+    return {"question": question, "answer": f"{lines}\n#### {result}", "solution": str(result)}
+
+
+def _two_step(rng: random.Random) -> dict:
+    return _chain(rng, TWO_STEP, OTHER_NAMES, OTHER_ITEMS)
+
+
+def _three_step(rng: random.Random) -> dict:
+    (a, b, c, d), lines, result = _steps(rng, ("+", "-", "+"))
+    question = THREE_STEP.format(name=rng.choice(OTHER_NAMES), item=rng.choice(OTHER_ITEMS), a=a, b=b, c=c, d=d)
+    return {"question": question, "answer": f"{lines}\n#### {result}", "solution": str(result)}
+
+
+def _distractor(rng: random.Random) -> dict:
+    op = rng.choice(list(DISTRACTOR))
+    a, b = _operands(rng, op)
+    item, other = rng.sample(OTHER_ITEMS, 2)
+    x = rng.randint(2, 19)
+    question = DISTRACTOR[op].format(name=rng.choice(OTHER_NAMES), item=item, other=other, a=a, b=b, x=x)
+    result = a + b if op == "+" else a - b
+    return {"question": question, "answer": f"{a} {op} {b} = {result}\n#### {result}", "solution": str(result)}
 
 
 def make_transfer_split(n: int, seed: int) -> list[dict]:
@@ -110,3 +166,22 @@ def make_transfer_split(n: int, seed: int) -> list[dict]:
         "two_step": lambda: _two_step(rng),
     }
     return [{**make[kind](), "kind": kind} for kind in (TRANSFER_KINDS[i % 3] for i in range(n))]
+
+
+def make_reasoning_split(n: int, seed: int) -> list[dict]:
+    """``n`` held-out problems, their ``kind`` cycling through ``REASONING_KINDS``: the three of
+    ``make_transfer_split``, then ``three_step`` (three operations) and ``distractor`` (one operation beside a number
+    that does not matter). Reproducible from ``seed``."""
+    rng = random.Random(f"reasoning-{seed}")
+    make = {
+        "seen": lambda: make_problem(rng, "test"),
+        "rephrased": lambda: _one_step(rng, REPHRASED, OTHER_NAMES, OTHER_ITEMS),
+        "two_step": lambda: _two_step(rng),
+        "three_step": lambda: _three_step(rng),
+        "distractor": lambda: _distractor(rng),
+    }
+    kinds = (REASONING_KINDS[i % len(REASONING_KINDS)] for i in range(n))
+    return [{**make[kind](), "kind": kind} for kind in kinds]
+
+
+HELD_OUT_SETS = {"arithmetic_transfer": make_transfer_split, "arithmetic_reasoning": make_reasoning_split}

@@ -27,6 +27,8 @@ PRESETS = {
     "arithmetic": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     # held-out only: the training templates, other phrasings and two-step problems (arithmetic.make_transfer_split)
     "arithmetic_transfer": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
+    # held-out only: those kinds plus three-step and distractor problems (arithmetic.make_reasoning_split)
+    "arithmetic_reasoning": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     "openai/gsm8k": {"config": "main", "task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     "DigitalLearningGmbH/MATH-lighteval": {"task": "math", "prompt_column": "problem", "solution_column": "solution"},
     "HuggingFaceH4/MATH-500": {
@@ -48,7 +50,7 @@ ALIASES = {
     "math500": "HuggingFaceH4/MATH-500",
     "openmathinstruct2": "nvidia/OpenMathInstruct-2",
 }
-EMBEDDED = ("arithmetic", "arithmetic_transfer")  # generated in code (hf_grpo.data.arithmetic), never downloaded
+EMBEDDED = ("arithmetic", *arithmetic.HELD_OUT_SETS)  # generated in code (hf_grpo.data.arithmetic), never downloaded
 
 # Seed 002's r1_zero protocol: a plain-text prompt that opens the <think> block for the model.
 R1_ZERO_TEMPLATE = (
@@ -66,7 +68,7 @@ class DataArguments(ScriptArguments):
 
     Args:
         dataset_name (`str`, defaults to `"arithmetic"`):
-            Preset name (`arithmetic`, `gsm8k`, `math`, `math500`, `openmathinstruct2`; `arithmetic_transfer` as
+            Preset name (`arithmetic`, `gsm8k`, `math`, `math500`, `openmathinstruct2`; `arithmetic_transfer` or
             `eval_dataset_name`), a hub id, or a local `.jsonl` / `.json` / `.parquet` / `.csv` file.
         task (`str`, *optional*):
             Grader for the gold answers: `gsm8k` (number after `####`) or `math` (last `\\boxed{}`, math-verify).
@@ -100,7 +102,11 @@ class DataArguments(ScriptArguments):
             Number of embedded training problems (`dataset_name: arithmetic` only).
         arithmetic_eval_size (`int`, defaults to `200`):
             Number of embedded held-out problems (`arithmetic`'s test split, or `arithmetic_transfer`: a third the
-            training templates, a third other phrasings, a third two-step problems).
+            training templates, a third other phrasings, a third two-step problems; or `arithmetic_reasoning`: those
+            three kinds, three-step and distractor-number problems, a fifth each).
+        arithmetic_two_step_share (`float`, defaults to `0.0`):
+            Share of the embedded problems (`dataset_name: arithmetic`) with two operations, in the training
+            templates' words, their gold answers one worked line per operation.
         dataset_mirror (`dict[str, str]`, *optional*):
             Local `.jsonl` / `.json` / `.parquet` / `.csv` files that stand in for hub splits, keyed `<hub id>:<split>`
             (for example `openai/gsm8k:test`). Everything else (presets, columns, which split is the held-out one)
@@ -135,6 +141,9 @@ class DataArguments(ScriptArguments):
     max_eval_samples: int | None = field(default=None, metadata={"help": "Cap on the number of evaluation rows."})
     arithmetic_train_size: int = field(default=4000, metadata={"help": "Embedded training problems."})
     arithmetic_eval_size: int = field(default=200, metadata={"help": "Embedded held-out problems."})
+    arithmetic_two_step_share: float = field(
+        default=0.0, metadata={"help": "Share of embedded problems with two operations (0 to 1)."}
+    )
     dataset_mirror: dict[str, str] | None = field(
         default=None,
         metadata={
@@ -279,8 +288,8 @@ def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
 
 
 def embedded_splits(name: str) -> list[str]:
-    """The splits of an embedded dataset: ``arithmetic_transfer`` is a held-out set only."""
-    return ["test"] if name == "arithmetic_transfer" else ["train", "test"]
+    """The splits of an embedded dataset: ``arithmetic_transfer`` and ``arithmetic_reasoning`` are held-out sets only."""
+    return ["test"] if name in arithmetic.HELD_OUT_SETS else ["train", "test"]
 
 
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
@@ -291,10 +300,10 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
             raise ValueError(
                 f"dataset {name!r} has the split{'s' if ' and ' in splits else ''} {splits}, not {split!r}"
             )
-        if name == "arithmetic_transfer":
-            return Dataset.from_list(arithmetic.make_transfer_split(args.arithmetic_eval_size, seed))
+        if name in arithmetic.HELD_OUT_SETS:
+            return Dataset.from_list(arithmetic.HELD_OUT_SETS[name](args.arithmetic_eval_size, seed))
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
-        return Dataset.from_list(arithmetic.make_split(split, size, seed))
+        return Dataset.from_list(arithmetic.make_split(split, size, seed, args.arithmetic_two_step_share))
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")
     if mirror is not None:  # a local copy of this hub split (same schema), e.g. a miniature's
         return load_file(mirror)

@@ -77,6 +77,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
             sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
         checks_env.check_sizes(model, values, generation, env, built_later)
         checks.check_precision(model, layout)
+        checks.check_warm_start(model, layout)
         hardware = checks_env.check_hardware(values, layout, generation, miniature.active, for_run, env)
         training = _training_config(values, plan, generation, model.use_peft, layout, for_run)
         checks.check_overlap_cycle(generation, plan, training.num_iterations)

@@ -37,7 +37,7 @@ DOMAINS = {
         (
             "max_completion_length", "lora_r", "arithmetic_train_size", "arithmetic_eval_size", "num_processes",
             "num_machines", "max_generation_batches", "num_iterations", "max_train_samples", "max_eval_samples",
-            "task_eval_max_samples", "eval_max_new_tokens", "keep_top_k", "tiny_hidden_size",
+            "task_eval_max_samples", "eval_max_new_tokens", "keep_top_k", "tiny_hidden_size", "warm_start_batch_size",
             "per_device_eval_batch_size", "num_generations_eval", "generation_batch_size", "steps_per_generation",
             "reward_workers", "vllm_tensor_parallel_size", "save_total_limit",
         ),
@@ -57,6 +57,7 @@ DOMAINS = {
     ),
     "lora_dropout": (0, True, 1, False),
     "eval_split_size": (0, True, 1, False),
+    "arithmetic_two_step_share": (0, True, 1, True),
     "top_p": (0, False, 1, True),
     "min_p": (0, True, 1, True),
     "vllm_gpu_memory_utilization": (0, False, 1, True),
