@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,7 @@ def warm_start(
     lr: float = 3e-3,
     seed: int = 0,
     n_problems: int = 4000,
-    examples: list[tuple] | None = None,
+    examples: Sequence[tuple] | None = None,
     progress: bool | None = None,
     chat_template_kwargs: dict | None = None,
 ) -> list[float]:
@@ -108,12 +109,25 @@ def warm_start(
     return losses
 
 
+class GoldPairs:
+    """A dataset's rows as ``(prompt, solution)`` pairs, read one at a time: a warm start reads only the rows it
+    draws, never a whole column of a dataset with millions of rows."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple:
+        row = self.dataset[index]
+        return row["prompt"], row["solution"]
+
+
 def warm_start_policy(trainer, model_args) -> list[float]:
     """``warm_start_steps`` supervised steps of a pretrained policy on the trainer's training rows (``prompt``, and
     the gold ``solution`` as the completion), before GRPO; then every process holds process 0's weights."""
     args = trainer.args
-    data = trainer.train_dataset
-    pairs = list(zip(data["prompt"], data["solution"], strict=True))
     losses = warm_start(
         trainer.model,
         trainer.processing_class,
@@ -121,7 +135,7 @@ def warm_start_policy(trainer, model_args) -> list[float]:
         batch_size=model_args.warm_start_batch_size,
         lr=model_args.warm_start_lr,
         seed=args.seed,
-        examples=pairs,
+        examples=GoldPairs(trainer.train_dataset),
         progress=enabled_for(args),
         chat_template_kwargs=args.chat_template_kwargs,
     )
