@@ -21,6 +21,7 @@ from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
 from hf_grpo.warm_start import warm_start
 from tests.helpers.callbacks import StopAt
+from tests.helpers.common import exit_after_success
 from tests.helpers.reward_scripts import half_varying
 from tests.helpers.trainers import make_trainer
 
@@ -100,3 +101,4 @@ if __name__ == "__main__":
         main(sys.argv[1], sys.argv[2], int(os.environ.get("WORLD_SIZE", "1")))
     finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
         end_process_group()
+    exit_after_success()  # reached only when main returned (an exception has propagated by now)
