@@ -61,6 +61,12 @@ class ModelArguments(ModelConfig):
     warm_start_lr: float = field(default=2e-3, metadata={"help": "Learning rate of the warm start."})
     warm_start_batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
 
+    @property
+    def warm_starts_pretrained(self) -> bool:
+        """Whether a pretrained policy is warm-started in the run (``hf_grpo.warm_start.warm_start_policy``); the
+        tiny model's warm start builds its base model instead."""
+        return self.warm_start_steps > 0 and self.model_name_or_path != "tiny"
+
 
 @dataclass
 class HfGRPOConfig(GRPOConfig):

@@ -366,7 +366,7 @@ def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, o
         # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
         # shards, and only the trainer's unwrap gathers them for generation.
         results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
-    if recipe.model.warm_start_steps > 0 and recipe.model.model_name_or_path != "tiny" and resume is None:
+    if recipe.model.warm_starts_pretrained and resume is None:
         from .warm_start import warm_start_policy  # torch: loaded when a run starts, not for --help
 
         warm_start_policy(trainer, recipe.model)  # after "before": the gain counts it (the tiny model's is its base)

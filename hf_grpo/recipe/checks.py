@@ -350,9 +350,7 @@ def check_precision(model: ModelArguments, layout: Layout) -> None:
 def check_warm_start(model: ModelArguments, layout: Layout) -> None:
     """A pretrained model's warm start trains the loaded weights before the trainer shards them, which ZeRO-3 and
     FSDP do as the model loads or is wrapped."""
-    if model.warm_start_steps <= 0 or model.model_name_or_path == "tiny":
-        return
-    if layout.zero_stage == 3 or layout.distributed_type == "FSDP":
+    if model.warm_starts_pretrained and (layout.zero_stage == 3 or layout.distributed_type == "FSDP"):
         raise RecipeError(
             f"warm_start_steps: {model.warm_start_steps} trains a pretrained model before GRPO, on weights that "
             f"{'ZeRO-3' if layout.zero_stage == 3 else 'FSDP'} shards across processes; use the ddp or zero2 "
