@@ -25,6 +25,7 @@ so that SIGTERM to ``accelerate launch`` in its first seconds orphans nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -100,6 +101,20 @@ def handle_stop_signals() -> Callable[[], None]:
         _received.clear()
 
     return restore
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Stop signals wait (blocked, on Linux) until the block ends: for a few statements that must run together, such
+    as writing a line and noting that it was written."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 import tempfile
 import textwrap
@@ -52,6 +51,7 @@ from .launch import (
 from .pipeline import resume_target, run
 from .recipe import NESTED, RecipeError, apply_env, field_index, load_recipe, nested_index, render_dry_run
 from .rewards.wrapper import RewardFailedError
+from .stopping import StopSignal, stops_held
 
 
 logger = logging.getLogger("hf_grpo")
@@ -123,11 +123,19 @@ def render_help(prog: str) -> str:
     return "\n".join(lines) + "\n" + FLAG_HELP
 
 
+_said: set[str] = set()  # the error lines this process wrote
+
+
 def fail(message: str, status: int = 2) -> int:
     """A one-line error on stderr (no traceback); ``status`` is the exit status. One write with its newline: the
     processes of a launch share stderr, and unbuffered (PYTHONUNBUFFERED) print's two writes could join their lines."""
-    sys.stderr.write(f"hf_grpo: error: {message}\n")
-    sys.stderr.flush()
+    line = f"hf_grpo: error: {message}\n"
+    if line in _said:  # said again only where a stop signal cut its first saying short (ended_by)
+        return status
+    with stops_held():  # written and noted as written, or neither
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        _said.add(line)
     crash_log.mark_error()  # the launcher's closing line then points at this one
     return status
 
@@ -170,29 +178,38 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     restore_handlers = stop_like_ctrl_c()  # SIGTERM, or `accelerate launch` dying: the one line below, nothing left
     try:
         run(recipe)
-    except RecipeError as exc:  # found by the checks run() makes before loading (the checkpoint to resume from)
-        return fail(exc)
-    except RewardFailedError as exc:  # a reward failing on every completion, stopped early (reward_max_failed_calls)
-        print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
-        return fail(exc, status=1)
-    except (VLLMConnectionError, VLLMServerError) as exc:  # the server died, hung or broke mid-run
-        return server_failed(recipe, passthrough, exc)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or the launcher stopping its processes
-        return interrupted(recipe, passthrough, exc)
-    except SamplingExhausted as exc:  # dynamic_sampling_exhausted: error (before RuntimeError: it is one)
-        return sampling_exhausted(recipe, passthrough, exc)
-    except (OSError, RuntimeError, SafetensorError) as exc:  # a full disk reaches us as any of the three
-        full = out_of_space(exc, recipe.training.output_dir)
-        if full is not None:
-            return disk_full(recipe, passthrough, full)
-        if isinstance(exc, RuntimeError) and peer_lost(exc):
-            return peer_gone(recipe, passthrough, exc)
-        raise
+    except BaseException as exc:  # noqa: BLE001  (ended_by raises again what it does not explain)
+        try:
+            return ended_by(recipe, passthrough, exc)
+        except StopSignal:  # the launch stopping this process (another one failed) while this one says why it ended
+            return ended_by(recipe, passthrough, exc)  # said to the end: only the first stop signal raises
     finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
         restore_handlers()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         end_process_group()
     return 0
+
+
+def ended_by(recipe, argv: list[str], exc: BaseException) -> int:
+    """The exit status of a run that raised ``exc``, after its one line (or none, where another process says it);
+    an error none of these explains is raised again, with its traceback."""
+    if isinstance(exc, RecipeError):  # found by the checks run() makes before loading (the checkpoint to resume from)
+        return fail(exc)
+    if isinstance(exc, RewardFailedError):  # a reward failing on every completion (reward_max_failed_calls)
+        print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)
+        return fail(exc, status=1)
+    if isinstance(exc, (VLLMConnectionError, VLLMServerError)):  # the server died, hung or broke mid-run
+        return server_failed(recipe, argv, exc)
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or the launcher stopping its processes
+        return interrupted(recipe, argv, exc)
+    if isinstance(exc, SamplingExhausted):  # dynamic_sampling_exhausted: error (before RuntimeError: it is one)
+        return sampling_exhausted(recipe, argv, exc)
+    if isinstance(exc, (OSError, RuntimeError, SafetensorError)):  # a full disk reaches us as any of the three
+        full = out_of_space(exc, recipe.training.output_dir)
+        if full is not None:
+            return disk_full(recipe, argv, full)
+        if isinstance(exc, RuntimeError) and peer_lost(exc):
+            return peer_gone(recipe, argv, exc)
+    raise exc
 
 
 def end_process_group() -> None:

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from hf_grpo import crash_log, train
 from hf_grpo.crash_log import resume_command
 from hf_grpo.generation.server import VLLMServerProcess
 from hf_grpo.launch import free_port
+from hf_grpo.rewards.wrapper import RewardFailedError
 
 from .helpers.common import REPO
 from .helpers.fake_vllm_server import start_subprocess
@@ -172,9 +174,52 @@ def test_an_error_on_one_rank_ends_every_rank_with_its_one_line(tmp_path):
     # the reward's own traceback is shown once (where the user's function broke); the waiting rank's echo is not
     assert (
         stderr.count("Traceback (most recent call last)") == 1 and "reward_plugins" not in stderr.split("Traceback")[0]
-    )
+    ), stderr[-6000:]
     assert "[rank0]" not in stderr and "closed by peer" not in stderr, stderr[-4000:]
     errors = [line for line in stderr.splitlines() if line.startswith("hf_grpo: error:")]
     assert len(errors) == 1 and "one_too_many_on_rank_1" in errors[0], stderr[-4000:]
     summary = [line for line in stderr.splitlines() if line.startswith("hf_grpo: training stopped with exit code")]
     assert len(summary) == 1 and "resume with:" in summary[0], stderr[-4000:]
+
+
+def signalled_while(monkeypatch, module, name: str) -> None:
+    """``module.name`` sends this process SIGTERM before it does its work: a stop landing exactly there."""
+    original = getattr(module, name)
+
+    def landing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, landing)
+
+
+@pytest.mark.parametrize(
+    "error, lands_in, says",
+    [
+        (RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1"), (crash_log, "write"), 0),
+        (RewardFailedError("reward 'r' failed on every completion"), (crash_log, "mark_error"), 1),
+    ],
+)
+def test_a_stop_landing_while_a_process_says_why_it_ended_leaves_its_one_line(
+    tmp_path, monkeypatch, capsys, error, lands_in, says
+):
+    """CI: rank 1's reward broke; rank 0 lost its peer and, while writing its crash log, got the launch's SIGTERM,
+    which left main() as a KeyboardInterrupt and printed two more tracebacks. A stop landing while a process says
+    why it ended (its crash log; its error line written, the launcher not yet told) changes nothing it says."""
+
+    def run(recipe):  # rank 0 of a 2-process run on one machine (set once the recipe has loaded)
+        for name, value in (("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"), ("RANK", "0")):
+            monkeypatch.setenv(name, value)
+        raise error
+
+    monkeypatch.setattr(train, "run", run)
+    signalled_while(monkeypatch, *lands_in)
+    out = tmp_path / "run"
+    code = train.main([str(REPO / "recipes" / "tiny.yaml"), "--output_dir", str(out), "--report_to", "none"])
+    err = capsys.readouterr().err
+    no_traceback(err)
+    assert code == 1, err
+    assert [line for line in err.splitlines() if line.startswith("hf_grpo: error:")] == (
+        [f"hf_grpo: error: {error}"] * says
+    ), err
+    assert len(list(out.glob("logs/crash-*.log"))) == 1 - says  # the echo of a lost peer: its crash log, once
