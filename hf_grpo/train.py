@@ -123,7 +123,7 @@ def render_help(prog: str) -> str:
     return "\n".join(lines) + "\n" + FLAG_HELP
 
 
-_said: set[str] = set()  # the error lines this process wrote
+_said: set[str] = set()  # the error lines this call of main() wrote
 
 
 def fail(message: str, status: int = 2) -> int:
@@ -142,6 +142,7 @@ def fail(message: str, status: int = 2) -> int:
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _said.clear()
     dry_run = any(a in ("--dry-run", "--dry_run") for a in argv)
     if any(a in ("-h", "--help") for a in argv):
         print(render_help(prog))  # noqa: T201
