@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 from transformers.utils import ModelOutput
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import split_tensor_dict
@@ -151,8 +152,20 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positio
     position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if positions else None  # generate's rule
     cache = DynamicCache(config=model.config)
     model.base_model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
-    cache.batch_select_indices(which)  # [U, ...] -> [R, ...]; differentiable, so the gradient reaches the prefill
+    _select_rows(cache, which)  # [U, ...] -> [R, ...]; differentiable, so the gradient reaches the prefill
     return cache
+
+
+def _select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """``cache.batch_select_indices(rows)`` with ``index_select`` where transformers indexes (``keys[rows, ...]``):
+    the same values, but the gradient of a repeated row is summed by ``index_add_``, which on a CPU adds in a fixed
+    order, where indexing's backward (``index_put_`` with accumulate) adds from several threads in whatever order
+    they run, so the same batch gave a different gradient in its last bits on every call with 2 threads."""
+    for layer in cache.layers:
+        if type(layer).batch_select_indices is DynamicLayer.batch_select_indices and layer.get_seq_length() > 0:
+            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        else:  # a layer with more state than keys and values (a sparse-attention indexer's): transformers' own
+            layer.batch_select_indices(rows)
 
 
 def _completion_logps(model, input_ids, attention_mask, completion_length: int, share: bool, temperature: float):

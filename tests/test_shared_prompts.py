@@ -80,6 +80,32 @@ def test_log_probs_entropies_and_gradients_are_trls(parts, share, batch_size):
     assert torch.allclose(grads, ref_grads, atol=1e-5, rtol=1e-4)
 
 
+def test_a_prompts_rows_get_its_cache_and_the_same_gradient_on_every_call():
+    """The rows of a group share their prompt's cache rows, whose gradient sums the group's. Indexing's backward
+    (``index_put_`` accumulating) adds them from two threads in a different order on each call: the same seed and
+    batch trained a different adapter in its last bits every time and diverged over a run. One prompt's rows (a
+    micro-batch of one group), with a cache long enough that both threads add at once even on a busy machine."""
+    from transformers import DynamicCache
+
+    torch.manual_seed(0)
+    keys, values = torch.randn(1, 3, 2000, 64, requires_grad=True), torch.randn(1, 3, 2000, 64, requires_grad=True)
+    rows, upstream = torch.zeros(16, dtype=torch.long), torch.randn(16, 3, 2000, 64)  # [R], [R, heads, P, dim]
+    threads, grads = torch.get_num_threads(), set()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(10):
+            cache = DynamicCache()
+            cache.update(keys, values, 0)
+            shared_prompts._select_rows(cache, rows)
+            layer = cache.layers[0]
+            assert torch.equal(layer.keys, keys[rows]) and torch.equal(layer.values, values[rows])
+            grad = torch.autograd.grad((layer.keys * upstream).sum() + (layer.values * upstream).sum(), [keys, values])
+            grads.add(b"".join(g.numpy().tobytes() for g in grad))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(grads) == 1
+
+
 def test_a_repeated_prompt_is_run_once(parts, monkeypatch):
     model, ids, mask, _ = parts
     backbone, seen = model.get_base_model().model, []
