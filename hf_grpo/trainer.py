@@ -27,6 +27,7 @@ from .config import hf_config
 from .dynamic_sampling import DynamicSampler
 from .eta import EtaCallback
 from .generation.cycle import overlap_cycle
+from .generation.draws import one_uniform_per_row
 from .generation.overlap import Lookahead
 from .progress import enabled_for
 from .rewards.health import RewardHealth
@@ -194,7 +195,8 @@ class GRPOTrainer(trl.GRPOTrainer):
                 seconds[phase] += time.perf_counter() - start
 
     def _generate(self, prompts):
-        return self._timed("generate", super()._generate, prompts)
+        with one_uniform_per_row():  # HF generate's sampling step on a CPU: one uniform per row (generation/draws.py)
+            return self._timed("generate", super()._generate, prompts)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if self.generator is None:
