@@ -57,19 +57,22 @@ def trained_and_built(out) -> tuple[dict, dict]:
 def assert_trained(out, values: dict, history: list[dict]) -> None:
     """The policy's weights moved: the LoRA B matrices left zero, or the full model differs from the built one.
 
-    A full fine-tune (no dynamic sampling to look further for a group whose rewards differ) has a gradient only if
+    A recipe without dynamic sampling (which looks further for a group whose rewards differ) has a gradient only if
     one of its two steps' groups got differing rewards: the built 2-layer model answers about a third of the held-out
-    problems right, and on one machine's floating-point path every sample of both steps scored 0 (an earlier CI
-    machine's did not). Without such a group the weights must stay exactly as built, with gradient norm 0;
-    test_zero3_full_fine_tune_moves_every_weight then shows the same setup moving every weight."""
+    problems right, and on some random streams every sample of both steps scored the same (a full fine-tune on one
+    machine's floating-point path; qwen1.5b-gsm8k-8gb's LoRA once HF generate drew one uniform per row). Without such
+    a group the weights must stay exactly as built, with gradient norm 0; test_zero3_full_fine_tune_moves_every_weight
+    and the dynamic-sampling recipes then show the same setups moving their weights."""
+    signal = any(r["frac_reward_zero_std"] < 1 for r in history)  # a group with a learning signal
     if values.get("use_peft"):
         adapter = load_file(out / "adapter_model.safetensors")
-        assert any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name), "LoRA B never moved"
+        moved = any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)
+        assert moved if signal else not moved and all(r["grad_norm"] == 0 for r in history), ("LoRA B moved:", moved)
         return
     trained, base = trained_and_built(out)
     changed = [name for name, t in trained.items() if name in base and not t.equal(base[name])]
     assert set(base) <= set(trained), "the saved model lacks weights of the built one"
-    if any(r["frac_reward_zero_std"] < 1 for r in history):  # a group with a learning signal
+    if signal:
         assert changed, "full fine-tuning changed no weight"
     else:
         assert not changed and all(r["grad_norm"] == 0 for r in history), (changed[:5], history)
