@@ -40,9 +40,10 @@ SMALL = [
     "--generation.backend", "vllm_server",  # auto keeps a CPU's generation in-process
     "--num_generations", "4", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
     "--max_completion_length", "24",
-    # the format weighted 0.2 (the recipe logs it at 0): in 24 tokens an answer is seldom right, and a step moves the
-    # adapter only with a group whose rewards differ (with correctness alone, both steps of a CI run had none)
-    "--reward_weights", "[1.0, 0.2]",
+    # the format paid whether or not the answer is right (the recipe pays it only with a right answer): in 24 tokens
+    # an answer is seldom right, and a step moves the adapter only with a group whose rewards differ (with the
+    # recipe's rewards, both steps of a CI run had none)
+    "--reward_funcs", "[hash_correctness, hash_final_format]", "--reward_weights", "[1.0, 0.2]",
     "--max_generation_batches", "2", "--arithmetic_eval_size", "12", "--per_device_eval_batch_size", "12",
     "--save_strategy", "steps", "--save_steps", "1",
 ]  # fmt: skip

@@ -10,6 +10,7 @@ from hf_grpo.rewards.functions import (
     completion_text,
     gsm8k_correctness,
     hash_correctness,
+    hash_final_format_if_correct,
     hash_format,
     length,
     math_correctness,
@@ -66,6 +67,7 @@ def test_reward_funcs_registry():
         "think_format",
         "hash_format",
         "hash_final_format",
+        "hash_final_format_if_correct",
         "length",
         "soft_overlong",
     }
@@ -105,6 +107,21 @@ def test_hash_correctness_pays_only_for_the_answer_after_the_last_hashes(wrap):
     assert hash_correctness(completions, solution=gold, log_metric=log) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     assert gsm8k_correctness(completions, solution=gold) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
     assert_grade_metrics(log, correct=2 / 6, wrong=1 / 6, unparseable=3 / 6)
+
+
+@pytest.mark.parametrize("wrap", [str, conversational], ids=["plain", "conversational"])
+def test_the_format_bonus_needs_a_right_answer_ending_the_completion(wrap):
+    """The real-model recipe's bonus: a bare guess earns it only when it is right, a right answer only when
+    ``#### N`` ends the completion and is its only ``####``."""
+    completions = [
+        wrap("3 + 4 = 7\n#### 7"),
+        wrap("#### 7"),  # a bare guess, right
+        wrap("#### 8"),  # a bare guess, wrong
+        wrap("3 + 4 = 7\n#### 7\n#### 7"),  # right, the answer said twice
+        wrap("#### 7\nShe has 7 apples."),  # right, a sentence after it
+        wrap("3 + 4 = 8\n#### 8"),  # formatted, wrong
+    ]
+    assert hash_final_format_if_correct(completions, solution=["#### 7"] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("wrap", [str, conversational], ids=["plain", "conversational"])

@@ -183,6 +183,19 @@ def hash_final_format(completions, **kwargs) -> list[float]:
     return [1.0 if "####" in t and _FINAL_HASH_RE.fullmatch(t, t.find("####")) else 0.0 for t in _texts(completions)]
 
 
+def hash_final_format_if_correct(completions, solution, **kwargs) -> list[float]:
+    """1.0 if the completion is right by ``hash_correctness`` and in ``hash_final_format``'s form, else 0.0: a bonus
+    for ending on the answer that a guess cannot collect (a bare ``#### N`` earns it only when N is right).
+
+    >>> hash_final_format_if_correct(["3 + 4 = 7\\n#### 7", "#### 7\\n#### 7", "#### 8"], solution=["#### 7"] * 3)
+    [1.0, 0.0, 0.0]
+    """
+    right = [
+        grade_completion("gsm8k_hash", c, gold) == "correct" for c, gold in zip(completions, solution, strict=True)
+    ]
+    return [float(r and f) for r, f in zip(right, hash_final_format(completions), strict=True)]
+
+
 def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
     """1.0 if ``min_chars < len(completion) < max_chars`` characters (seed 000's length term), else 0.0.
 
@@ -282,6 +295,7 @@ REWARD_FUNCS: dict[str, Callable] = {
     "think_format": think_format,
     "hash_format": hash_format,
     "hash_final_format": hash_final_format,
+    "hash_final_format_if_correct": hash_final_format_if_correct,
     "length": length,
     "soft_overlong": soft_overlong,
 }

@@ -52,14 +52,3 @@ def tiny_lora():
     from peft import LoraConfig
 
     return LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-
-
-def exit_after_success() -> None:
-    """End a finished multi-process test script at once, skipping interpreter teardown. Under CI load a 2-process
-    gloo script that had shut its group down (``end_process_group``) still aborted now and then in teardown ("terminate
-    called without an active exception", SIGABRT in a C++ destructor, 2026-11-28: 1 of ~10 tier-2 launches), failing a
-    test whose checks had all been written. The scripts check agreement between processes, not teardown; the abort in
-    hf_grpo.train's own exit is an open fault (the closing note of that day)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

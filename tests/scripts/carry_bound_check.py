@@ -17,10 +17,9 @@ from transformers import TrainerCallback
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
-from tests.helpers.common import exit_after_success
 from tests.helpers.trainers import make_trainer
+from tests.scripts.check_main import run_check
 
 
 def varying_on_rank_zero(prompts, completions, **kwargs) -> list[float]:
@@ -79,8 +78,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1])
-    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
-        end_process_group()
-    exit_after_success()  # reached only when main returned (an exception has propagated by now)
+    run_check(main, sys.argv[1])

@@ -15,11 +15,11 @@ import time
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
 from hf_grpo.warm_start import warm_start
-from tests.helpers.common import exit_after_success, tiny_config, tiny_lora
+from tests.helpers.common import tiny_config, tiny_lora
 from tests.helpers.reward_scripts import alternating
+from tests.scripts.check_main import run_check
 
 
 class SlowRankOne(GRPOTrainer):
@@ -62,8 +62,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1])
-    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
-        end_process_group()
-    exit_after_success()  # reached only when main returned (an exception has propagated by now)
+    run_check(main, sys.argv[1])

@@ -14,8 +14,8 @@ from accelerate.utils import gather_object
 
 from hf_grpo.pipeline import agree_on_resume
 from hf_grpo.recipe import RecipeError
-from hf_grpo.train import end_process_group
-from tests.helpers.common import exit_after_success, tiny_config
+from tests.helpers.common import tiny_config
+from tests.scripts.check_main import run_check
 
 
 # case -> (what rank 0 found, its problem), (what rank 1 found, its problem)
@@ -42,8 +42,4 @@ def main(out: str, folder: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1], sys.argv[2])
-    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
-        end_process_group()
-    exit_after_success()  # reached only when main returned (an exception has propagated by now)
+    run_check(main, sys.argv[1], sys.argv[2])

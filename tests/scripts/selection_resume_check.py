@@ -17,13 +17,12 @@ from accelerate.utils import gather_object
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.train import end_process_group
 from hf_grpo.trainer import GRPOTrainer
 from hf_grpo.warm_start import warm_start
 from tests.helpers.callbacks import StopAt
-from tests.helpers.common import exit_after_success
 from tests.helpers.reward_scripts import half_varying
 from tests.helpers.trainers import make_trainer
+from tests.scripts.check_main import run_check
 
 
 STEPS, STOP = 6, 3
@@ -97,8 +96,4 @@ def main(out: str, folder: str, world: int) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1], sys.argv[2], int(os.environ.get("WORLD_SIZE", "1")))
-    finally:  # as a run ends (hf_grpo.train.main): the group shut down before exit
-        end_process_group()
-    exit_after_success()  # reached only when main returned (an exception has propagated by now)
+    run_check(main, sys.argv[1], sys.argv[2], int(os.environ.get("WORLD_SIZE", "1")))
