@@ -190,10 +190,8 @@ def hash_final_format_if_correct(completions, solution, **kwargs) -> list[float]
     >>> hash_final_format_if_correct(["3 + 4 = 7\\n#### 7", "#### 7\\n#### 7", "#### 8"], solution=["#### 7"] * 3)
     [1.0, 0.0, 0.0]
     """
-    right = [
-        grade_completion("gsm8k_hash", c, gold) == "correct" for c, gold in zip(completions, solution, strict=True)
-    ]
-    return [float(r and f) for r, f in zip(right, hash_final_format(completions), strict=True)]
+    right, formatted = hash_correctness(completions, solution), hash_final_format(completions)
+    return [right_one * formatted_one for right_one, formatted_one in zip(right, formatted, strict=True)]
 
 
 def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
