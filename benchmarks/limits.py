@@ -14,7 +14,7 @@ backward, the input gradient). Which tokens are seen and which positions scored 
 
 - TRL's (on a CPU): every row's prompt + completion, every position scored;
 - shared prompts (hf_grpo/shared_prompts.py): each distinct prompt but its last token once, then every row's last
-  prompt token + completion; only completion positions scored.
+  prompt token + completion, only those positions scored (TRL's head on them: the completion's and one more).
 
 Generation (one HF generate call): each decode step reads every weight once and each row's KV cache so far; the
 bytes over the read bandwidth bound it from below, and so do its FLOPs over the matmul FLOP/s (at 32 rows the FLOPs
@@ -98,7 +98,7 @@ def train_flops(shapes: Shapes, rows: int, prompt: int, completion: int, groups:
     ``prompt`` + ``completion`` tokens (as TRL pads a generation batch)."""
     if shared:
         seen = [(groups * (prompt - 1), prompt / 2), (rows * (1 + completion), prompt + completion / 2)]
-        scored = rows * completion
+        scored = rows * (1 + completion)  # TRL's head on the suffix: the last position predicts nothing
     else:
         seen = [(rows * (prompt + completion), (prompt + completion) / 2)]
         scored = rows * (prompt + completion - 1)

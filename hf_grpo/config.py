@@ -45,8 +45,9 @@ class ModelArguments(ModelConfig):
             building the base model, so that GRPO has reward variance to learn from. With a pretrained model: on the
             training rows' gold solutions (`solution_column`, the prompt as GRPO renders it), after the `before`
             evaluation, training the adapter with `use_peft`; skipped when the run resumes from a checkpoint.
-        warm_start_lr (`float`, defaults to `2e-3`):
-            Learning rate of the warm start.
+        warm_start_lr (`float`, *optional*):
+            Learning rate of the warm start; unset: `2e-3` where it trains an adapter or builds the tiny model, `1e-5`
+            for a full fine-tune of a pretrained model (`resolved_warm_start_lr`).
         warm_start_batch_size (`int`, defaults to `32`):
             Rows per warm-start step (a pretrained model's; the tiny model's are 32).
     """
@@ -58,7 +59,10 @@ class ModelArguments(ModelConfig):
     warm_start_steps: int = field(
         default=0, metadata={"help": "Supervised steps on gold solutions before GRPO (tiny: builds its base model)."}
     )
-    warm_start_lr: float = field(default=2e-3, metadata={"help": "Learning rate of the warm start."})
+    warm_start_lr: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the warm start (unset: 2e-3 for an adapter, 1e-5 for a full fine-tune)."},
+    )
     warm_start_batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
 
     @property
@@ -66,6 +70,14 @@ class ModelArguments(ModelConfig):
         """Whether a pretrained policy is warm-started in the run (``hf_grpo.warm_start.warm_start_policy``); the
         tiny model's warm start builds its base model instead."""
         return self.warm_start_steps > 0 and self.model_name_or_path != "tiny"
+
+    @property
+    def resolved_warm_start_lr(self) -> float:
+        """``warm_start_lr``, or its default: a full fine-tune of a pretrained model moves every weight, where an
+        adapter or the tiny model's base from scratch takes a step 200 times larger."""
+        if self.warm_start_lr is not None:
+            return self.warm_start_lr
+        return 1e-5 if self.warm_starts_pretrained and not self.use_peft else 2e-3
 
 
 @dataclass
@@ -107,11 +119,12 @@ class HfGRPOConfig(GRPOConfig):
 
         shared_prompts (`bool`, defaults to `True`):
             Run each distinct prompt of a micro-batch through the model once for all its completions, when scoring
-            them (log-probabilities, training) and when sampling them (HF generate, where a row that ended also
-            runs no further forward), and project only completion positions onto the vocabulary: the same numbers
-            and samples as TRL's to float rounding, for less compute (`hf_grpo/shared_prompts.py`). Under
-            activation checkpointing training runs whole rows (only the LM head is trimmed). A sharded model
-            (ZeRO-3, FSDP) or a vision-language model keeps TRL's path.
+            them (log-probabilities of the policy and the reference model, training) and when sampling them (HF
+            generate, where a row that ended also runs no further forward), and project only completion positions
+            onto the vocabulary through TRL's own fused head; micro-batches are regrouped into whole groups where
+            the loss allows it (`hf_grpo/micro_batches.py`). The same update and samples as TRL's to float rounding,
+            for less compute (`hf_grpo/shared_prompts.py`). Activation checkpointing, a sharded model (ZeRO-3,
+            FSDP) or a vision-language model keeps TRL's path.
 
         > Advantages
 

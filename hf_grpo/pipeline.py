@@ -62,7 +62,7 @@ def load_policy(recipe: Recipe, chat_prompts: bool = False):
 
         tokenizer = build_tokenizer(seed=args.seed)
         model = build_model(tokenizer, seed=args.seed, hidden_size=model_args.tiny_hidden_size)
-        steps, lr = model_args.warm_start_steps, model_args.warm_start_lr
+        steps, lr = model_args.warm_start_steps, model_args.resolved_warm_start_lr
         warm_start(model, tokenizer, steps, lr=lr, seed=args.seed, progress=enabled_for(args))
         base_dir = Path(args.output_dir) / "base_model"
         if args.process_index == 0:

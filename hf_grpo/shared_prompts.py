@@ -1,96 +1,119 @@
 """Each distinct prompt of a GRPO batch runs through the model once, for all the completions that follow it.
 
-A GRPO batch holds ``num_generations`` completions of every prompt, one after another. TRL scores a micro-batch by
-running the model on each row's prompt + completion, and on a device without Triton its fused LM head projects every
-position onto the vocabulary (49k tokens for SmolLM2), prompt positions included, to keep only the completion's.
-``install`` gives the causal LM a forward that does the same work once per prompt:
+A GRPO batch holds ``num_generations`` completions of every prompt. TRL scores a micro-batch by running the model on
+each row's prompt + completion, and on a device without Triton its fused LM head projects every position onto the
+vocabulary (49k tokens for SmolLM2), prompt positions included, to keep only the completion's. ``install`` gives the
+causal LM a forward that does the same work once per prompt:
 
 1. the distinct prompts, all but their last token, run once and fill a KV cache          # [U, P-1]
 2. the cache is indexed out to the rows: each row gets its prompt's keys and values       # [R, P-1]
-3. the rows run their last prompt token and their completion on it                        # [R, 1+C]
-4. only the C positions that predict the completion go through the LM head (TRL's chunked log-prob kernel)
+3. the rows run their last prompt token and their completion on it, through TRL's own fused forward, whose LM head
+   sees only these 1+C positions (TRL's ``shift_labels``: the labels of the completion, -100 elsewhere)  # [R, 1+C]
 
-The log-probabilities, entropies and gradients are TRL's to float rounding: the gradient flows back through the
-indexed cache into the shared forward (``tests/test_shared_prompts.py`` compares both on the same batch). Under
-activation checkpointing a layer drops its cache, so steps 1-3 become one forward of the whole rows there (step 4
-still applies). ``generate`` shares the prompt the same way: it prefills the distinct prompts once and samples every
-row on the indexed cache, drawing the same random numbers as before; and a row that has ended (its end-of-sequence
-token sampled) leaves the cache and the model's forward, while HF generate still samples a padding token for it, so
-the random numbers drawn, and with them every other row's tokens, stay the same.
+The head is TRL's: its temperature, logit scale and softcap, ``cast_lm_head_to_fp32`` (the head in float32 outside
+autocast), the hidden states moved to the head's device, log-probabilities and entropies zero at padding. So the
+numbers and gradients are TRL's to float rounding; the gradient flows back through the indexed cache into the shared
+forward (``tests/test_shared_prompts.py`` and ``tests/test_fast_path_equivalence.py`` compare both). A prompt of one
+token, or a layer under activation checkpointing (which drops its cache), takes TRL's path unchanged.
 
-``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``, the default) on a text-only model that is not
-sharded (ZeRO-3 and FSDP keep TRL's path) and calls the forward from ``_get_per_token_logps_and_entropies``. TRL
-shuffles a generation's rows before it cuts them into micro-batches, which scatters a group over several; the
-trainer puts each group's rows back side by side (``group_micro_batches``) so that a micro-batch holds whole groups.
+``generate`` shares the prompt the same way in plain greedy decoding and sampling with one sequence per row: it
+prefills the distinct prompts once and samples every row on the indexed cache, drawing the same random numbers as
+before; and a row that has ended (its end-of-sequence token sampled) leaves the cache and the model's forward, while HF
+generate still samples a padding token for it, so the random numbers drawn, and with them every other row's tokens,
+stay the same. Beam search, several sequences per row, assisted decoding and a call with its own cache are HF's own.
+
+``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``, the default) on the policy and the reference model of
+a text-only model that is not sharded (ZeRO-3 and FSDP keep TRL's path), and calls it from
+``_get_per_token_logps_and_entropies``. Which rows share a micro-batch is ``hf_grpo.micro_batches``'s business.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import logging
 import types
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from accelerate.utils import is_peft_model
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.utils import ModelOutput
-from trl.kernels import ChunkedLogProbFunction
-from trl.trainer.utils import split_tensor_dict
+from transformers.generation.configuration_utils import GenerationMode
 
 
-CHUNK = 32768  # vocabulary entries per tile of the log-prob kernel (TRL's own)
-SCALED_HEADS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+logger = logging.getLogger(__name__)
+
+SHARED_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)  # generate's modes that take the shared prefill
 
 
-@dataclass
-class CompletionLogps(ModelOutput):  # a ModelOutput: DDP and DeepSpeed look for tensors in what a forward returns
-    """What the shared forward returns: per completion token, its log-probability and the policy's entropy there."""
-
-    log_probs: torch.Tensor | None = None  # [R, C], 0 where the completion is padding
-    entropy: torch.Tensor | None = None  # [R, C]
-
-
-def fits(model) -> bool:
-    """Whether ``model`` (a causal LM) can take the shared forward: an LM head without the logit scale or softcap
-    that TRL's fused head applies and this one does not."""
-    config = model.config.get_text_config()
-    plain_head = all(getattr(config, name, None) in (None, 1.0) for name in SCALED_HEADS)
-    return plain_head and model.get_output_embeddings() is not None
+def fits(model) -> str | None:
+    """Why the causal LM ``model`` cannot take the shared forward, or None when it can: it needs TRL's fused LM head
+    (``trl.trainer.utils.add_fused_lm_head``, which GRPOTrainer installs) and an output embedding."""
+    if model.get_output_embeddings() is None:
+        return "the model has no output embedding (LM head)"
+    code = getattr(getattr(model.forward, "__func__", None), "__code__", None)
+    if code is None or "fused_lm_head" not in code.co_varnames:
+        return "the model's forward is not TRL's fused LM head (trl.trainer.utils.add_fused_lm_head)"
+    return None
 
 
-def completion_logps(model, input_ids, attention_mask, completion_length: int, batch_size: int | None, share: bool,
+def install_in(trainer) -> bool:
+    """Install the shared forward in ``trainer``'s policy and reference model (``shared_prompts: true``) where they
+    allow it; else TRL's forward stays, and one line says why. Returns whether it did."""
+    if not trainer.args.shared_prompts:
+        return False
+    models = [trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model]
+    if trainer.ref_model is not None:
+        models.append(trainer.accelerator.unwrap_model(trainer.ref_model))
+    zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
+    reasons = [
+        zero3 and "ZeRO-3 shards the parameters",
+        trainer.is_fsdp_enabled and "FSDP shards the parameters",
+        trainer._is_vlm and "a vision-language model",
+        *map(fits, models),
+    ]
+    reason = next((why for why in reasons if why), None)
+    if reason:
+        logger.info("shared_prompts: off (%s): the completions are scored with TRL's forward", reason)
+        return False
+    for model in models:
+        install(model)
+    return True
+
+
+def completion_logps(model, input_ids, attention_mask, completion_length: int, batch_size: int | None,
                      autocast=contextlib.nullcontext):  # fmt: skip
-    """TRL's ``_get_per_token_logps_and_entropies`` through the shared forward: (log-probs [R, C], entropies [R, C])
-    of the last ``completion_length`` tokens of each row, ``batch_size`` rows per call of ``model`` (any wrapper of
-    the installed model: DDP, PEFT, DeepSpeed), each distinct prompt run once when ``share``."""
+    """TRL's ``_get_per_token_logps_and_entropies`` through the shared forward: (log-probs [R, C], entropies [R, C]
+    or None where the model's fused head computes none) of the last ``completion_length`` tokens of each row,
+    ``batch_size`` rows per call of ``model`` (any wrapper of the installed model: DDP, PEFT, DeepSpeed)."""
     size, logps, entropies = batch_size or input_ids.size(0), [], []
     for start in range(0, input_ids.size(0), size):
         rows = slice(start, start + size)
         with autocast():
             out = model(
-                input_ids=input_ids[rows],
-                attention_mask=attention_mask[rows],
-                completion_logps=(completion_length, share),
+                input_ids=input_ids[rows], attention_mask=attention_mask[rows], completion_logps=completion_length
             )
         logps.append(out.log_probs)
         entropies.append(out.entropy)
-    return torch.cat(logps), torch.cat(entropies)
+    return torch.cat(logps), None if entropies[0] is None else torch.cat(entropies)
 
 
-def install(model, temperature: float) -> None:
-    """Give the causal LM ``model`` (PEFT's base model: what wrappers call into) a forward that takes
-    ``completion_logps=(C, share)`` and returns ``CompletionLogps`` of the last C tokens of each row, and a
+def install(model) -> None:
+    """Give the causal LM ``model`` (PEFT's base model: what wrappers call into), whose forward is TRL's fused head, a
+    forward that takes ``completion_logps=C`` and returns TRL's output for the last C tokens of each row, and a
     ``generate`` that prefills each distinct prompt once. Any other call is the model's own."""
-    original_forward, original_generate = model.forward, model.generate
+    fused_forward, original_generate = model.forward, model.generate
 
     @functools.wraps(type(model).forward)  # generate checks its keyword arguments against this signature
-    def forward(self, *args, completion_logps: tuple[int, bool] | None = None, **kwargs):
+    def forward(self, *args, completion_logps: int | None = None, **kwargs):
         if completion_logps is None and getattr(self, "_live_rows", None) is not None and not args:
-            return _live_rows_forward(self._live_rows, original_forward, kwargs)
+            return _live_rows_forward(self._live_rows, fused_forward, kwargs)
         if completion_logps is None:
-            return original_forward(*args, **kwargs)
-        return _completion_logps(self, kwargs["input_ids"], kwargs["attention_mask"], *completion_logps, temperature)
+            return fused_forward(*args, **kwargs)
+        return _completion_logps(self, fused_forward, kwargs["input_ids"], kwargs["attention_mask"], completion_logps)
 
     @functools.wraps(type(model).generate)
     def generate(self, *args, **kwargs):
@@ -108,35 +131,6 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     order = torch.arange(rows.size(0), device=rows.device)  # [R]
     first = order.new_full((distinct.size(0),), rows.size(0)).scatter_reduce(0, which, order, "amin")  # [U]
     return first, which
-
-
-def group_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-    """A row order [R] that puts the rows of each distinct prompt side by side, prompts in the order of their first
-    row: applied to a batch TRL shuffled, it keeps the shuffled order of the groups."""
-    first, which = prompt_groups(prompt_ids, prompt_mask)
-    return torch.sort(first[which], stable=True).indices  # by each row's prompt's first row
-
-
-def group_micro_batches(batches: list[dict]) -> list[dict]:
-    """TRL's micro-batches of one generation (``_buffered_inputs``: rows shuffled across them) with their rows
-    reordered so that each prompt's rows sit side by side, groups in their shuffled order: a micro-batch then holds
-    whole groups, whose prompt the shared forward runs once. The same rows, the same sizes: with TRL's losses, which
-    sum the micro-batches' terms, the same update to float rounding."""
-    merged = {}
-    for key, first in batches[0].items():
-        if first is None or (isinstance(first, torch.Tensor) and first.ndim == 0):
-            merged[key] = first  # per micro-batch values TRL copies into each (num_items_in_batch)
-        elif isinstance(first, torch.Tensor):
-            merged[key] = torch.cat([batch[key] for batch in batches])
-        else:
-            merged[key] = [row for batch in batches for row in batch[key]]
-    order = group_order(merged["prompt_ids"], merged["prompt_mask"])  # [R]
-    for key, value in merged.items():
-        if isinstance(value, torch.Tensor) and value.ndim > 0:
-            merged[key] = value[order.to(value.device)]
-        elif isinstance(value, list):
-            merged[key] = [value[i] for i in order.tolist()]
-    return split_tensor_dict(merged, len(batches))
 
 
 def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: bool, always: bool = False):
@@ -168,43 +162,49 @@ def _select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
             layer.batch_select_indices(rows)
 
 
-def _completion_logps(model, input_ids, attention_mask, completion_length: int, share: bool, temperature: float):
-    """The shared forward: the log-probabilities and entropies of the last ``completion_length`` tokens of each row."""
+def _completion_logps(model, fused_forward, input_ids, attention_mask, completion_length: int):
+    """The shared forward: TRL's fused-head output (``log_probs``, ``entropy``) for the last ``completion_length``
+    tokens of each row [R, C], each distinct prompt run once."""
     prompt_length = input_ids.size(1) - completion_length  # P
-    cache = _prefill(model, input_ids[:, :prompt_length], attention_mask[:, :prompt_length], False) if share else None
-    if cache is not None:
-        suffix = input_ids[:, prompt_length - 1 :]  # [R, 1+C]: the last prompt token, then the completion
-        hidden = model.base_model(
-            input_ids=suffix, attention_mask=attention_mask, cache=cache, use_cache=True
-        ).last_hidden_state
-        hidden = hidden[:, :-1]  # [R, C, H]
+    targets = input_ids[:, prompt_length:].masked_fill(attention_mask[:, prompt_length:] == 0, -100)  # [R, C]
+    cache = _prefill(model, input_ids[:, :prompt_length], attention_mask[:, :prompt_length], False, always=True)
+    if cache is None:  # a one-token prompt: TRL's own call on whole rows
+        labels = F.pad(targets, (prompt_length, 0), value=-100)  # [R, P+C]
+        out = fused_forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        cut = slice(-completion_length, None)  # TRL's log_probs cover positions 1..P+C-1
     else:
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        hidden = hidden[:, prompt_length - 1 : -1]  # [R, C, H]
-    targets = input_ids[:, prompt_length:]  # [R, C]
-    head = model.get_output_embeddings()
-    log_probs, entropy, *_ = ChunkedLogProbFunction.apply(
-        hidden.reshape(-1, hidden.size(-1)), head.weight, head.bias, targets.reshape(-1), temperature, CHUNK,
-        None, 1.0, ("entropy",),
-    )  # fmt: skip
-    padding = attention_mask[:, prompt_length:] == 0  # [R, C]
-    return CompletionLogps(
-        log_probs=log_probs.view_as(targets).masked_fill(padding, 0), entropy=entropy.view_as(targets)
-    )
+        suffix = input_ids[:, prompt_length - 1 :]  # [R, 1+C]: the last prompt token, then the completion
+        shift_labels = F.pad(targets, (0, 1), value=-100)  # [R, 1+C]: position i predicts suffix[i+1]
+        out = fused_forward(
+            input_ids=suffix, attention_mask=attention_mask, cache=cache, shift_labels=shift_labels, fused_lm_head=True
+        )
+        cut = slice(None, -1)  # the last suffix position predicts nothing
+    out.log_probs = out.log_probs[:, cut]
+    out.entropy = None if out.entropy is None else out.entropy[:, cut]
+    return out
 
 
 def _shared_generate(model, original_generate, input_ids=None, attention_mask=None, **kwargs):
     """``generate`` with each distinct prompt prefilled once: the rows continue from the indexed cache, and a row
-    that ended leaves the forward (``LiveRows``; for that the prompts are prefilled even when none repeats). Left
-    as it is for a call that brings its own cache or cache implementation."""
-    config = kwargs.get("generation_config") or model.generation_config
+    that ended leaves the forward (``LiveRows``; for that the prompts are prefilled even when none repeats). HF's own
+    for anything but greedy decoding or sampling of one sequence per row, and for a call that brings its own cache
+    or cache implementation."""
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})  # what generate will run
     own_cache = any(kwargs.get(name) is not None for name in ("cache", "past_key_values", "inputs_embeds"))
-    if input_ids is None or attention_mask is None or own_cache or config.cache_implementation is not None:
+    plain = config.get_generation_mode(kwargs.get("assistant_model")) in SHARED_MODES
+    if (
+        input_ids is None
+        or attention_mask is None
+        or own_cache
+        or config.cache_implementation is not None
+        or not plain
+        or (config.num_return_sequences or 1) != 1  # generate repeats each row: the cache would not
+    ):
         return original_generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    eos, pad = (kwargs.get(name, getattr(config, name)) for name in ("eos_token_id", "pad_token_id"))
-    one_each = (kwargs.get("num_return_sequences") or config.num_return_sequences or 1) == 1
+    eos, pad = config.eos_token_id, config.pad_token_id
     # (on mps HF generate runs one step past the end and undoes it on the cache: every row stays there)
-    live_rows = eos is not None and pad is not None and one_each and input_ids.device.type != "mps"
+    live_rows = eos is not None and pad is not None and input_ids.device.type != "mps"
     with torch.no_grad():
         cache = _prefill(model, input_ids, attention_mask, True, always=live_rows)
     if cache is None:

@@ -15,12 +15,12 @@ from typing import ClassVar
 
 import torch
 import trl
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
 
-from . import shared_prompts
+from . import micro_batches, shared_prompts
 from .advantages import leave_one_out_advantages, relog_advantages
 from .checkpoints import keep_best, listing, read_manifest, write_manifest
 from .config import hf_config
@@ -39,8 +39,6 @@ __all__ = ["GRPOTrainer", "hf_config", "leave_one_out_advantages"]
 
 
 logger = logging.getLogger(__name__)
-
-ROW_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")  # TRL's losses whose normaliser counts rows (_compute_loss)
 
 BATCH_FILE = "hf_grpo_batch_rank{rank}.pt"  # TRL's generation batch, in a checkpoint saved inside a generation cycle
 
@@ -76,8 +74,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._ahead = self._lookahead() if overlap else None
         self._sampler = self._dynamic_sampler() if self.args.dynamic_sampling or overlap else None
         self.reward_health = RewardHealth(self.reward_func_names)
-        self._shared_prompts = self._install_shared_prompts()
-        self._grouped_inputs = None  # the buffered micro-batches last regrouped by _prepare_inputs
+        self._shared_prompts = shared_prompts.install_in(self)  # each distinct prompt run once for its group
+        self._regroup = self._shared_prompts and micro_batches.may_regroup(self)
+        self._arranged = None  # the buffered micro-batches last arranged by _prepare_inputs (micro_batches.py)
         self._warned_infinite: set[str] = set()
         self.last_task_eval: tuple[int, float] | None = None  # (step, held-out accuracy), set by the task evaluator
 
@@ -149,21 +148,6 @@ class GRPOTrainer(trl.GRPOTrainer):
             problems.append(f"dynamic_sampling_metric 'reward' or one of {self.reward_func_names}, not {metric!r}")
         if problems:
             raise ValueError("dynamic_sampling needs " + "; ".join(problems))
-
-    def _install_shared_prompts(self) -> bool:
-        """Each distinct prompt runs once for its completions (``shared_prompts``), where the model allows it."""
-        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-        base = self.model.get_base_model() if is_peft_model(self.model) else self.model
-        if (
-            not self.args.shared_prompts
-            or zero3
-            or self.is_fsdp_enabled
-            or self._is_vlm
-            or not shared_prompts.fits(base)
-        ):
-            return False
-        shared_prompts.install(base, self.temperature)
-        return True
 
     # ----------------------------------------------------------------------------------------------------------------
     # Metrics and timing
@@ -269,18 +253,15 @@ class GRPOTrainer(trl.GRPOTrainer):
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss with dynamic sampling's fill rows (``filled``: its rounds ran out and ``dynamic_sampling_exhausted:
-        fill`` padded the batch) out of the row count. Their completion mask is zero, but the losses that average over
-        rows (``ROW_MEAN_LOSSES``) still count them, diluting the real rows' policy and KL terms by real / all rows.
-        The policy term is linear in the advantages and the KL term in ``beta`` (a positive scale keeps every sign TRL
-        tests), so both are scaled by all / real rows here, while the entropy bonus (a token mean) and the router aux
-        loss, which count no rows, stay as TRL computes them. Dropping the rows instead would leave processes with
-        micro-batches of different sizes, which TRL's gathers of per-row metrics cannot take."""
-        filled = inputs.get("filled")  # [R] rows of this micro-batch
-        real = 0 if filled is None else int((~filled).sum())
-        if filled is None or self.loss_type not in ROW_MEAN_LOSSES or real in (0, filled.numel()):
+        """TRL's loss with dynamic sampling's fill rows out of the row count (``fill_scale``, micro_batches.py: set
+        for the losses that average over rows). The policy term is linear in the advantages and the KL term in
+        ``beta`` (a positive scale keeps every sign TRL tests), so both are scaled, while the entropy bonus (a token
+        mean) and the router aux loss, which count no rows, stay as TRL computes them. Dropping the rows instead would
+        leave processes with micro-batches of different sizes, which TRL's gathers of per-row metrics cannot take."""
+        scale = inputs.get("fill_scale")
+        if scale is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        scale = filled.numel() / real
+        scale = float(scale)
         inputs = {**inputs, "advantages": inputs["advantages"] * scale}  # [R]
         beta, self.beta = self.beta, self.beta * scale
         try:
@@ -294,15 +275,16 @@ class GRPOTrainer(trl.GRPOTrainer):
     ):  # fmt: skip
         """TRL's per-token log-probabilities (and entropies) of the completions; with ``shared_prompts`` each distinct
         prompt runs once and only completion positions meet the LM head (hf_grpo/shared_prompts.py)."""
-        if not self._shared_prompts or compute_aux_loss or any(v is not None for v in multimodal.values()):
+        # a checkpointed layer drops its KV cache while it records a backward: TRL's whole rows then
+        checkpointed = self.model.is_gradient_checkpointing and model.training and torch.is_grad_enabled()
+        multimodal_inputs = any(v is not None for v in multimodal.values())
+        if not self._shared_prompts or compute_aux_loss or multimodal_inputs or checkpointed:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal,
             )  # fmt: skip
-        # a checkpointed layer drops its KV cache while it records a backward: whole rows then
-        checkpointed = self.model.is_gradient_checkpointing and model.training and torch.is_grad_enabled()
         logps, entropies = shared_prompts.completion_logps(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, not checkpointed, self.accelerator.autocast
+            model, input_ids, attention_mask, logits_to_keep, batch_size, self.accelerator.autocast
         )
         return logps, entropies if compute_entropy else None, None
 
@@ -315,11 +297,13 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch):
         inputs = self._timed("prepare", super()._prepare_inputs, generation_batch)  # TRL's micro-batch
-        fresh = self.model.training and self._buffered_inputs is not self._grouped_inputs  # TRL just generated
-        if fresh and self._shared_prompts:  # whole groups per micro-batch, each prompt run once for its group
-            self._buffered_inputs = shared_prompts.group_micro_batches(self._buffered_inputs)
-            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
-        self._grouped_inputs = self._buffered_inputs
+        if self.model.training and self._buffered_inputs is not self._arranged:  # TRL just generated
+            args = self.args
+            size = micro_batches.window(args.steps_per_generation, args.gradient_accumulation_steps)
+            row_mean = self.loss_type in micro_batches.ROW_MEAN_LOSSES
+            self._buffered_inputs = micro_batches.arrange(self._buffered_inputs, size, self._regroup, row_mean)
+            self._arranged = self._buffered_inputs
+            inputs = self._buffered_inputs[self._step % args.steps_per_generation]
         if self._ahead is not None and "policy_version" in inputs:  # overlap: the lag of every micro-batch trained on
             versions = self.accelerator.gather(inputs["policy_version"])  # [rows of every process]
             for name, value in self._ahead.lag_metrics(self.state.global_step, versions).items():

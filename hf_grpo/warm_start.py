@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .data.arithmetic import make_split
 from .evaluation.core import prompt_token_ids
+from .evaluation.device import place_for_generation
 from .progress import enabled_for, progress_bar
 
 
@@ -126,14 +127,19 @@ class GoldPairs:
 
 def warm_start_policy(trainer, model_args) -> list[float]:
     """``warm_start_steps`` supervised steps of a pretrained policy on the trainer's training rows (``prompt``, and
-    the gold ``solution`` as the completion), before GRPO; then every process holds process 0's weights."""
+    the gold ``solution`` as the completion), before GRPO, on the trainer's device; then every process holds process
+    0's weights. Its optimizer is torch's AdamW on that device, outside DeepSpeed (no offload). The reference of a
+    KL term (``beta``) stays the base model: the adapter switched off, or TRL's copy of the loaded weights."""
     args = trainer.args
+    # Under DeepSpeed the trainer places the model when training starts: before, it is where it loaded (the CPU), and
+    # the warm start would train there and broadcast CPU tensors, which NCCL cannot take.
+    place_for_generation(trainer.model, trainer.accelerator.device)
     losses = warm_start(
         trainer.model,
         trainer.processing_class,
         model_args.warm_start_steps,
         batch_size=model_args.warm_start_batch_size,
-        lr=model_args.warm_start_lr,
+        lr=model_args.resolved_warm_start_lr,
         seed=args.seed,
         examples=GoldPairs(trainer.train_dataset),
         progress=enabled_for(args),

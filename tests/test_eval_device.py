@@ -78,8 +78,10 @@ def test_with_a_gpu_the_eval_command_chooses_it_and_moves_the_model_there(tiny_m
 
 def test_batch_sizes():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert (eval_batch_size(cpu), eval_batch_size(cpu, 150), eval_batch_size(cpu, 2)) == (CPU_BATCH, 150, CPU_BATCH)
+    assert (eval_batch_size(cpu), eval_batch_size(cpu, 150), eval_batch_size(cpu, 2)) == (CPU_BATCH, 150, 2)
+    # transformers' default (8) is no choice; any other value is, and wins on a GPU too (it floored 16 to 64)
     assert (eval_batch_size(cuda), eval_batch_size(cuda, 150), eval_batch_size(cuda, 8)) == (CUDA_BATCH, 150, 64)
+    assert eval_batch_size(cuda, 16) == 16
 
 
 def test_a_model_on_the_cpu_moves_to_the_accelerator_unless_it_is_sharded():

@@ -35,6 +35,7 @@ LAYERS = [
         "local_models",
         "process_layout",
         "shared_prompts",
+        "micro_batches",
     ],
     ["launch", "miniature"],
     ["recipe"],

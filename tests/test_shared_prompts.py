@@ -4,10 +4,12 @@ same trained adapter."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from hf_grpo import shared_prompts
+from hf_grpo import micro_batches, shared_prompts
 
 from .helpers.reward_scripts import alternating
 from .helpers.trainers import make_trainer
@@ -31,7 +33,7 @@ def parts():
     add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False)
     model = get_peft_model(model, lora)
-    shared_prompts.install(model.get_base_model(), temperature=0.7)
+    shared_prompts.install(model.get_base_model())
     pad, vocab = tokenizer.pad_token_id, model.config.vocab_size
     prompts = torch.randint(5, vocab, (3, 9))
     prompts[1, :3] = pad  # left padding
@@ -52,8 +54,8 @@ def trl_way(model, ids, mask):
     return out.log_probs[:, -C:], out.entropy[:, -C:]
 
 
-def ours(model, ids, mask, share=True, batch_size=None):
-    return shared_prompts.completion_logps(model, ids, mask, C, batch_size, share)
+def ours(model, ids, mask, batch_size=None):
+    return shared_prompts.completion_logps(model, ids, mask, C, batch_size)
 
 
 def lora_grads(model, logps, completion_mask) -> torch.Tensor:
@@ -64,16 +66,15 @@ def lora_grads(model, logps, completion_mask) -> torch.Tensor:
     return grads
 
 
-@pytest.mark.parametrize("share", [True, False])
 @pytest.mark.parametrize("batch_size", [None, 5])  # 5: chunks that split a group
-def test_log_probs_entropies_and_gradients_are_trls(parts, share, batch_size):
+def test_log_probs_entropies_and_gradients_are_trls(parts, batch_size):
     model, ids, mask, completion_mask = parts
     model.train()
     ref_logps, ref_entropy = trl_way(model, ids, mask)
-    logps, entropy = ours(model, ids, mask, share, batch_size)
+    logps, entropy = ours(model, ids, mask, batch_size)
     real = completion_mask.bool()
     assert torch.allclose(logps[real], ref_logps[real], atol=1e-5)
-    assert (logps[~real] == 0).all()  # as TRL's: no log-prob for padding
+    assert (logps[~real] == 0).all() and (entropy[~real] == 0).all()  # as TRL's: nothing at padding
     assert torch.allclose(entropy[real], ref_entropy[real], atol=1e-5)
     ref_grads, grads = lora_grads(model, ref_logps, completion_mask), lora_grads(model, logps, completion_mask)
     assert ref_grads.abs().sum() > 0
@@ -123,7 +124,7 @@ def test_prompt_groups_find_identical_prompts_anywhere_and_group_order_puts_them
     first, which = shared_prompts.prompt_groups(prompts, mask)
     assert torch.equal(prompts[first][which], prompts)  # every row finds its prompt
     assert sorted(first.tolist()) == [0, 2, 4]  # the first row of each
-    assert shared_prompts.group_order(prompts, mask).tolist() == [0, 1, 3, 2, 5, 4]
+    assert micro_batches.group_order(prompts, mask).tolist() == [0, 1, 3, 2, 5, 4]
     mask[2, 0] = 0  # the same ids with other padding: another prompt
     assert shared_prompts.prompt_groups(prompts, mask)[0].numel() == 4
 
@@ -230,3 +231,58 @@ def test_each_micro_batch_trains_whole_groups_on_one_prefill(tmp_path, monkeypat
     assert prefills == [(4, 1)] * 4  # 4 micro-batches, each 4 rows of one prompt
     for batch in trainer._buffered_inputs:
         assert shared_prompts.prompt_groups(batch["prompt_ids"], batch["prompt_mask"])[0].numel() == 1
+
+
+def test_the_head_runs_in_float32_with_cast_lm_head_to_fp32_as_trls(monkeypatch):
+    """``cast_lm_head_to_fp32`` on a bf16 model: TRL's head takes float32 hidden states outside autocast, and so
+    does the shared forward (it ran the bf16 states through the head inside autocast, as TRL does without the cast)."""
+    from trl.trainer import utils as trl_utils
+
+    from hf_grpo.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=32).to(torch.bfloat16)
+    model.config.tie_word_embeddings = False
+    model.lm_head = torch.nn.Linear(32, model.config.vocab_size, bias=False).float()  # TRL's cast: a float32 head
+    trl_utils.add_fused_lm_head(model, temperature=0.7, cast_lm_head_to_fp32=True, outputs=("log_probs", "entropy"))
+    shared_prompts.install(model)
+    seen, apply = [], trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(hidden, *args):
+        seen.append((hidden.dtype, torch.is_autocast_enabled("cpu")))
+        return apply(hidden, *args)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    torch.manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (2, 5)).repeat_interleave(G, 0)  # [2G, P]
+    ids, mask = torch.cat([ids, torch.randint(5, 100, (2 * G, C))], 1), torch.ones(2 * G, 5 + C, dtype=torch.long)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_logps, _ = trl_way(model, ids, mask)
+        logps, _ = ours(model, ids, mask)
+    assert seen == [(torch.float32, False)] * 2, seen
+    assert logps.dtype == ref_logps.dtype == torch.float32
+    assert torch.allclose(logps, ref_logps, atol=0.05)  # bf16 backbone: one prefill of 2 prompts against 8 rows
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"num_beams": 3}, {"num_return_sequences": 2, "do_sample": True}, {"num_beams": 2, "num_return_sequences": 2}],
+    ids=["beams", "return-sequences", "both"],
+)
+def test_generate_with_beams_or_several_sequences_per_row_is_hfs(parts, kwargs):
+    """A user's ``generation_kwargs`` (or a callback that generates) on the trainer's model, rows repeating a prompt:
+    the same tokens as HF generate on whole rows (the prefilled cache had one row per input row: shape errors)."""
+    from transformers import GenerationConfig
+
+    model, ids, mask, _ = parts
+    model.eval()
+    prompts, prompt_mask = ids[:, :-C], mask[:, :-C]
+    config = GenerationConfig(max_new_tokens=4, temperature=0.7, top_k=0, pad_token_id=0, eos_token_id=None)
+    base, runs = model.get_base_model(), []
+    for plain in (True, False):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            generate = functools.partial(type(base).generate, base) if plain else model.generate
+            runs.append(generate(input_ids=prompts, attention_mask=prompt_mask, generation_config=config, **kwargs))
+    assert torch.equal(runs[0], runs[1])
+    assert runs[0].size(0) == prompts.size(0) * kwargs.get("num_return_sequences", 1)

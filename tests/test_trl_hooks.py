@@ -16,6 +16,7 @@ import transformers
 import trl
 from packaging.version import Version
 
+from hf_grpo import micro_batches
 from hf_grpo.trainer import GRPOTrainer
 
 
@@ -179,6 +180,11 @@ def test_trainer_attributes_we_read(stock):
         "vllm_importance_sampling_mode",
         "rollout_func",
         "environment_factories",
+        "loss_type",  # micro_batches.regroup_blocker: what makes a loss depend on how rows are cut
+        "_entropy_bonus_enabled",
+        "top_entropy_quantile",
+        "aux_loss_enabled",
+        "ref_model",  # shared_prompts.install_in
     ):
         assert hasattr(trainer, attribute), attribute
 
@@ -367,9 +373,10 @@ def test_total_rewards_match_trls_logged_reward(scored):
     assert trainer._metrics["train"]["reward"][-1] == pytest.approx(torch.nanmean(total).item())
 
 
-def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> dict:
-    """``output`` plus ``groups`` fill groups as ``DynamicSampler.batch`` appends them: rows of a dropped group, their
-    completion mask zeroed, marked in ``filled``."""
+def with_fill_group(output: dict, loss_type: str, groups: int = 1, num_generations: int = 4) -> dict:
+    """``output`` plus ``groups`` fill groups as ``DynamicSampler.batch`` appends them (rows of a dropped group, their
+    completion mask zeroed, marked in ``filled``), as the trainer trains it: one micro-batch, weighed by
+    ``micro_batches.arrange``."""
     rows = output["advantages"].size(0)
     extra = groups * num_generations
     batch = {}
@@ -378,7 +385,7 @@ def with_fill_group(output: dict, groups: int = 1, num_generations: int = 4) -> 
         batch[key] = torch.cat([value, value[:extra]]) if is_row_tensor else value
     batch["completion_mask"][rows:] = 0
     batch["filled"] = torch.arange(rows + extra, device=batch["completion_mask"].device) >= rows
-    return batch
+    return micro_batches.arrange([batch], 1, regroup=False, row_mean=loss_type in micro_batches.ROW_MEAN_LOSSES)[0]
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.3])
@@ -397,7 +404,7 @@ def test_fill_groups_leave_the_loss_of_the_real_rows_unchanged(scored, loss_type
     saved, trainer.beta = trainer.beta, beta
     try:
         real = trl.GRPOTrainer.compute_loss(trainer, trainer.model, output)
-        padded = trainer.compute_loss(trainer.model, with_fill_group(output))
+        padded = trainer.compute_loss(trainer.model, with_fill_group(output, loss_type))
     finally:
         trainer.beta = saved
     assert trainer.beta == saved  # compute_loss put beta back
@@ -417,7 +424,7 @@ def test_fill_rows_leave_the_entropy_bonus_as_it_is(scored, loss_type):
     trainer.beta, trainer.entropy_coef, trainer._entropy_bonus_enabled = 0.0, 0.5, True
     try:
         plain = trainer.compute_loss(trainer.model, output)
-        padded = trainer.compute_loss(trainer.model, with_fill_group(output, groups=2))
+        padded = trainer.compute_loss(trainer.model, with_fill_group(output, loss_type, groups=2))
     finally:
         trainer.beta, trainer.entropy_coef, trainer._entropy_bonus_enabled = saved
     assert plain.abs().item() > 1e-4  # the bonus is there to be inflated

@@ -7,11 +7,12 @@ training run the evaluations generate on the trainer's device (``accelerate``'s 
 process N of a GPU machine): ``place_for_generation`` moves a model there that the trainer has not placed yet (under
 DeepSpeed or FSDP the trainer places it when training starts, after the evaluation before training).
 
-Batch (``eval_batch_size``): the recipe's ``per_device_eval_batch_size`` (``--batch-size`` for ``hf-grpo eval``), at
-least ``CPU_BATCH`` on a CPU (the batch every CPU number in docs/ was measured with) and ``CUDA_BATCH`` on a GPU,
-where one decoding step of a small model costs about the same for 8 or 64 sequences. A batch that does not fit the
-GPU's memory is halved until it does (``hf_grpo.evaluation.core.generate``), except where the processes must generate
-in step (parameters sharded across them: ZeRO-3, FSDP).
+Batch (``eval_batch_size``): the recipe's ``per_device_eval_batch_size`` (``--batch-size`` for ``hf-grpo eval``) when
+it sets one; left at transformers' default (8), ``CPU_BATCH`` on a CPU (the batch every CPU number in docs/ was
+measured with) and ``CUDA_BATCH`` on a GPU, where one decoding step of a small model costs about the same for 8 or 64
+sequences. A batch that does not fit the GPU's memory is halved until it does (``hf_grpo.evaluation.core.generate``),
+except where the processes must generate in step (parameters sharded across them: ZeRO-3, FSDP): there only a
+smaller ``per_device_eval_batch_size`` helps.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 
 import torch
+from transformers import TrainingArguments
 
 
 DEVICE_FORMAT = re.compile(r"cpu|cuda(?::\d+)?")
@@ -59,9 +61,15 @@ def describe(device: torch.device) -> str:
     return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
+TRANSFORMERS_DEFAULT = TrainingArguments.__dataclass_fields__["per_device_eval_batch_size"].default  # 8
+
+
 def eval_batch_size(device: torch.device, configured: int | None = None) -> int:
-    """Problems per ``generate`` call on ``device``: ``configured``, at least ``CPU_BATCH`` / ``CUDA_BATCH``."""
-    return max(configured or 0, CUDA_BATCH if device.type == "cuda" else CPU_BATCH)
+    """Problems per ``generate`` call on ``device``: ``configured`` when it is not transformers' default, else
+    ``CPU_BATCH`` / ``CUDA_BATCH``."""
+    if configured and configured != TRANSFORMERS_DEFAULT:
+        return configured
+    return CUDA_BATCH if device.type == "cuda" else CPU_BATCH
 
 
 def model_device(model) -> torch.device:

@@ -79,7 +79,9 @@ class TaskEvaluator:
         self.task = task
         self.output_dir = Path(args.output_dir)
         self.max_new_tokens = args.eval_max_new_tokens or args.max_completion_length
-        self.batch_size = args.per_device_eval_batch_size  # at least 8 on a CPU, 64 on a GPU (eval_batch_size)
+        self.batch_size = (
+            args.per_device_eval_batch_size
+        )  # transformers default: 8 on a CPU, 64 on a GPU (eval_batch_size)
         self.chat_template_kwargs = args.chat_template_kwargs  # prompts rendered as training renders them
         self.periodic_samples = args.task_eval_max_samples
         self.grade_timeout = grade_timeout
