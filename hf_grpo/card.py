@@ -30,13 +30,9 @@ from .run_files import PLOT_FILE, RECIPE_FILE, foreign_file, write_text
 logger = logging.getLogger(__name__)
 CARD_FILE = "README.md"
 CARD_MARKER = "<!-- model card written by hf_grpo (hf_grpo.card) -->"
-# A README.md holding one is the run's: our card (older ones: the sentence), TRL's checkpoint draft, PEFT's blank one
-CARD_SIGNS = (
-    CARD_MARKER,
-    "with hf_grpo, a recipe-driven trainer built on",
-    "It has been trained using [TRL](https://github.com/huggingface/trl).",
-    "# Model Card for Model ID",
-)
+# A README.md holding one is the run's own card (older cards: the sentence); any other README.md is left as it is,
+# TRL's and PEFT's cards included (hf_grpo's trainer no longer lets them write one: theirs is a user's then)
+CARD_SIGNS = (CARD_MARKER, "with hf_grpo, a recipe-driven trainer built on")
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 TAGS = ["trl", "grpo", "hf_grpo", "math"]
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

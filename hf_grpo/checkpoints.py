@@ -214,13 +214,16 @@ def resolve_resume(value, output_dir: str, num_processes: int) -> str | None:
         return str(found) if found is not None else None
     value = os.path.expanduser(value)  # `~/runs/x/checkpoint-10` from a recipe is no shell word: expand it here
     why = problem(value, num_processes)
-    if why is not None and not (Path(value) / MANIFEST).exists() and (Path(value) / "trainer_state.json").is_file():
-        logger.warning("resume: %s has no %s (not written by hf_grpo?): its files are not checked", value, MANIFEST)
-        return value
     if why is not None:
         parent = Path(value).expanduser().resolve().parent
         good, _ = newest_complete(parent, num_processes)
         alternative = f"the newest complete one is {good}" if good else f"{parent} has no complete checkpoint"
+        if Path(value).is_dir() and not (Path(value) / MANIFEST).exists():  # before loading: it fails late there
+            raise CheckpointError(
+                f"resume_from_checkpoint: {value} has no {MANIFEST}: hf_grpo did not write it, or stopped while "
+                f"writing it ({alternative}); to start from another trainer's weights, set model_name_or_path to "
+                "them and resume_from_checkpoint: false"
+            )
         raise CheckpointError(f"resume_from_checkpoint: {value} cannot be resumed from: {why}; {alternative}")
     _warn_if_weights_only(value)
     return value

@@ -7,8 +7,10 @@
 One commit holds the adapter (or, for a full fine-tune or ``--merged``, the model weights and config), the tokenizer,
 the run's reports and per-problem records and ``README.md``, the model card (``hf_grpo.card``); nothing else. Local
 paths are replaced by file names in what goes up (``public_files``); the token comes only from the environment, and
-every file is scanned for it before anything is sent. The command line exits with 2 on a user error and 1 when the
-Hub refuses the upload. What goes up and why, the token rules and ``HF_ENDPOINT``: ``docs/hub.md``.
+every file is scanned for it before anything is sent. Only a finished run of hf_grpo is pushed (``run_problem``), and
+a Hub that does not answer ends the push after ``HF_GRPO_HUB_TIMEOUT`` seconds (60) a request (``hub_timeout``). The
+command line exits with 2 on a user error and 1 when the Hub refuses the upload or does not answer. What goes up and
+why, the token rules and ``HF_ENDPOINT``: ``docs/hub.md``.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import run_files
 from .card import CARD_FILE, model_card, public_recipe, public_value, scrub_paths
-from .hub_token import TOKEN_SHAPE, env_token, redact
+from .hub_token import TIMEOUT_ENV, TOKEN_SHAPE, env_token, redact
+from .hub_token import hub_timeout as _hub_timeout
 from .results import ADAPTER_FILES, MODEL_SHARD, RunFileError, RunResult, library_versions, run_kind
 from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
 
@@ -53,7 +58,8 @@ class HubUsageError(ValueError):
 
 
 class HubPushError(RuntimeError):
-    """The Hub (or the network) refused the push; the message is already redacted. The CLI exits with 1."""
+    """The Hub (or the network) refused the push or did not answer; the message is one line, already redacted. The CLI
+    exits with 1."""
 
 
 @dataclass
@@ -93,14 +99,7 @@ def collect_files(output_dir: str | Path, *, weights: bool = True) -> tuple[dict
 # Local paths in the uploaded files (the rule and the helpers are hf_grpo.card's)
 
 
-JSON_FILES = (
-    "adapter_config.json",
-    "config.json",
-    "generation_config.json",
-    EVAL_FILE,
-    HISTORY_FILE,
-    VERSIONS_FILE,
-)
+JSON_FILES = ("adapter_config.json", "config.json", "generation_config.json", EVAL_FILE, HISTORY_FILE, VERSIONS_FILE)
 TOP_LEVEL_JSON_FILES = ("tokenizer_config.json",)  # only top-level values: the added tokens are left as they are
 
 
@@ -219,18 +218,70 @@ def merge_adapter(run: RunResult, save_dir: str | Path) -> Path:
 # Push
 
 
-def _check_output_dir(output_dir: Path, merged: bool) -> str:
+FINISHED = "adapter_config.json + adapter_model.safetensors, or config.json + model.safetensors or its shards"
+MALFORMED = (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError)  # a file cut short, or not JSON
+
+
+def _whole_safetensors(path: Path) -> bool:
+    """Whether ``path`` is a whole safetensors file: its header parses and the file ends where its header says the
+    last tensor's data does (a save cut short by a kill or a full disk leaves it shorter)."""
+    try:
+        header = json.loads(_safetensors_header(path))
+        ends = [int(tensor["data_offsets"][1]) for name, tensor in header.items() if name != "__metadata__"]
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+        return path.stat().st_size == 8 + length + max(ends, default=0)
+    except MALFORMED:
+        return False
+
+
+def run_problem(out: Path) -> str | None:
+    """Why ``push`` must not upload the folder ``out`` (it is no run of hf_grpo, or one that has not finished), or
+    None; checked before anything is sent.
+
+    A run of hf_grpo holds its manifest, ``hf_grpo_run.json``, or is an earlier version's run
+    (``run_files.is_run_folder``); a folder another trainer wrote is never uploaded, whatever else it holds. A run is
+    finished when it holds, whole, the weights training saves into ``output_dir`` after its last step
+    (``trainer.save_model``): the adapter (``adapter_config.json`` + ``adapter_model.safetensors``) or the full model
+    (``config.json`` + ``model.safetensors``, or every shard ``model.safetensors.index.json`` names), each
+    safetensors file as long as its header says. ``checkpoint-N/`` does not count (training part of the way), nor do
+    ``eval_results.json`` and the reports: a run trained without the before/after evaluation has none, and the card
+    then shows no results.
+    """
+    if not run_files.is_run_folder(out):
+        return (
+            f"{out} is not a run of hf_grpo (it has no {run_files.RUN_MANIFEST}, the file `hf-grpo train` writes "
+            "first into its output_dir): push only an output_dir that `hf-grpo train` wrote; nothing was sent"
+        )
+    kind, names = run_kind(out), [ADAPTER_FILES[1]]
+    if kind == "model":
+        names = [p.name for p in out.iterdir() if p.name == "model.safetensors" or MODEL_SHARD.match(p.name)]
+        with contextlib.suppress(*MALFORMED):  # no index, or one that does not parse: the shards that are there
+            names += map(str, json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values())
+    missing = None if kind else f"it holds no trained weights ({FINISHED})"
+    for name in sorted(set(names)) if kind else []:
+        if not (out / name).is_file():
+            missing = missing or f"{name}, which model.safetensors.index.json names, is missing"
+        elif not _whole_safetensors(out / name):
+            missing = missing or f"{name} is cut short (saving it was interrupted)"
+    if missing is None:
+        return None
+    recipe = shlex.quote(str(out / RECIPE_FILE)) if (out / RECIPE_FILE).is_file() else "RECIPE"  # written first
+    return (
+        f"{out} is a run of hf_grpo that has not finished: {missing}; finish it with `hf-grpo train {recipe} "
+        f"--output_dir {shlex.quote(str(out))} --resume_from_checkpoint auto` (it resumes from its last complete "
+        "checkpoint), then push; nothing was sent"
+    )
+
+
+def _check_output_dir(output_dir: Path, merged: bool) -> None:
     if not output_dir.is_dir():
         raise HubUsageError(f"output directory {str(output_dir)!r} does not exist; pass the output_dir of a run")
-    kind = run_kind(output_dir)
-    if not kind:
-        raise HubUsageError(
-            f"{output_dir} holds no adapter (adapter_config.json + adapter_model.safetensors) and no model "
-            "(config.json + model*.safetensors); is it the output_dir of a finished run?"
-        )
-    if merged and kind != "adapter":
+    problem = run_problem(output_dir)
+    if problem:
+        raise HubUsageError(problem)
+    if merged and run_kind(output_dir) != "adapter":
         raise HubUsageError(f"--merged needs a LoRA adapter, but {output_dir} holds full model weights; drop --merged")
-    return kind
 
 
 def _check_push(output_dir: Path, repo_id: str, merged: bool) -> str:
@@ -289,13 +340,14 @@ def push(
     The token is read from the environment (``HF_TOKEN``) and the endpoint from ``HF_ENDPOINT``, both at call time.
     ``license`` (a Hub license id such as ``apache-2.0``) goes into the card's metadata (``resolve_license``). ``run``
     is the run's result when the caller holds it (the training run), else it is read (``RunResult.load``).
-    Raises ``HubUsageError`` for what the user can fix (before anything is sent), ``RunFileError`` for a run file
-    that does not parse, and ``HubPushError`` when the Hub refuses; no message contains the token.
+    Raises ``HubUsageError`` for what the user can fix (before anything is sent: ``run_problem``, ``hub_timeout``),
+    ``RunFileError`` for a run file that does not parse, and ``HubPushError`` when the Hub refuses or a request gets
+    no answer within ``hub_timeout()`` seconds; no message contains the token.
     """
     from huggingface_hub import CommitOperationAdd, HfApi, constants
 
     out = Path(output_dir)
-    token = _check_push(out, repo_id, merged)
+    token, timeout = _check_push(out, repo_id, merged), hub_timeout()  # both before anything is sent
     run = run or RunResult.load(out)
     revision = revision or None
     with tempfile.TemporaryDirectory(prefix="hf_grpo_merged_") as tmp:
@@ -304,23 +356,21 @@ def push(
         endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         version = library_versions()["hf_grpo"]
         api = HfApi(endpoint=endpoint, token=token, library_name="hf_grpo", library_version=version)
-        with _hub_errors(repo_id, token):
-            repo_url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
-        full_id = repo_url.repo_id or repo_id
-        if full_id != repo_id:  # "name" alone lands in the token owner's namespace: the card shows the real id
-            uploads[CARD_FILE] = model_card(run, full_id, merged=merged, license=license).encode()
-            scan_for_tokens({CARD_FILE: uploads[CARD_FILE]}, token)
-        with _hub_errors(full_id, token):
-            if revision and revision != "main":
-                api.create_branch(full_id, branch=revision, repo_type="model", exist_ok=True)
-            operations = [
-                CommitOperationAdd(name, source if isinstance(source, bytes) else str(source))
-                for name, source in uploads.items()
-            ]
-            logger.info("uploading %d files to %s", len(operations), full_id)
-            info = api.create_commit(
-                full_id, operations, commit_message=commit_message, repo_type="model", revision=revision
-            )
+        with _requests_time_out(timeout):
+            with _hub_errors(repo_id, token, endpoint, timeout):
+                repo_url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+            full_id = repo_url.repo_id or repo_id
+            if full_id != repo_id:  # "name" alone lands in the token owner's namespace: the card shows the real id
+                uploads[CARD_FILE] = model_card(run, full_id, merged=merged, license=license).encode()
+                scan_for_tokens({CARD_FILE: uploads[CARD_FILE]}, token)
+            with _hub_errors(full_id, token, endpoint, timeout):
+                if revision and revision != "main":
+                    api.create_branch(full_id, branch=revision, repo_type="model", exist_ok=True)
+                operations = [CommitOperationAdd(n, s if isinstance(s, bytes) else str(s)) for n, s in uploads.items()]
+                logger.info("uploading %d files to %s", len(operations), full_id)
+                info = api.create_commit(
+                    full_id, operations, commit_message=commit_message, repo_type="model", revision=revision
+                )
     return PushResult(
         repo_id=full_id,
         repo_url=str(repo_url),
@@ -333,13 +383,56 @@ def push(
     )
 
 
+def hub_timeout() -> float:
+    """``hub_token.hub_timeout`` (``HF_GRPO_HUB_TIMEOUT``, else 60 s), a bad value as ``HubUsageError``."""
+    try:
+        return _hub_timeout()
+    except ValueError as exc:
+        raise HubUsageError(str(exc)) from None
+
+
 @contextlib.contextmanager
-def _hub_errors(repo_id: str, token: str):
-    """Turn any failure of the Hub client into ``HubPushError`` with the token scrubbed from the message."""
+def _requests_time_out(seconds: float):
+    """For the block, huggingface_hub's shared HTTP client (``set_client_factory``) is the one it would build, with
+    ``seconds`` as the limit of every step of a request: connecting, waiting for a free connection, and each read and
+    write (so a large upload that keeps moving is never cut, and a Hub that stops answering is). Its own default
+    waits forever. The factory of before is put back afterwards (the shared client is rebuilt from it)."""
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http  # the installed factory has no public getter
+
+    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory)
+
+    def with_timeout():
+        client = previous()
+        client.timeout = seconds
+        return client
+
+    set_client_factory(with_timeout)
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - re-raised, redacted, without the original traceback
-        raise HubPushError(redact(f"push to {repo_id} failed: {type(exc).__name__}: {exc}", token)) from None
+    finally:
+        set_client_factory(previous)
+
+
+@contextlib.contextmanager
+def _hub_errors(repo_id: str, token: str, endpoint: str, timeout: float):
+    """Turn a failure of the Hub client (an HTTP error answer, the network, no answer within ``timeout``, an answer
+    it cannot read) into ``HubPushError``: one line naming the endpoint, the token scrubbed from it."""
+    import httpx2  # huggingface_hub's HTTP client; its errors (HfHubHTTPError is one) derive from these
+
+    try:
+        yield
+    except httpx2.TimeoutException:
+        message = (
+            f"push to {repo_id} failed: the Hub at {endpoint} (HF_ENDPOINT) did not answer within {timeout:g} s "
+            f"({TIMEOUT_ENV}); check that HF_ENDPOINT is right and reachable, or raise {TIMEOUT_ENV} on a slow "
+            "connection"
+        )
+        raise HubPushError(redact(message, token)) from None
+    except (httpx2.HTTPError, httpx2.InvalidURL, OSError, ValueError) as exc:
+        detail = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        message = f"push to {repo_id} at {endpoint} (HF_ENDPOINT) failed: {type(exc).__name__}: {detail}"
+        raise HubPushError(redact(message, token)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""The Hugging Face token: read from the environment only, and never written to a log, a file or the Hub."""
+"""The Hugging Face token: read from the environment only, and never written to a log, a file or the Hub. Also the
+Hub's request timeout (``hub_timeout``), which a recipe that pushes checks before it trains."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -11,6 +13,26 @@ TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's order of
 # such as hf_grpo_something.
 TOKEN_SHAPE = re.compile(rb"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9_])")
 TOKEN_SHAPE_TEXT = re.compile(TOKEN_SHAPE.pattern.decode())
+
+
+TIMEOUT_ENV = "HF_GRPO_HUB_TIMEOUT"  # seconds one request to the Hub may go without an answer (hub_timeout)
+DEFAULT_TIMEOUT = 60.0
+
+
+def hub_timeout() -> float:
+    """The seconds one request to the Hub may go without an answer: ``HF_GRPO_HUB_TIMEOUT``, else 60;
+    ``ValueError`` for a value that is not a number of seconds above 0."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip() or str(DEFAULT_TIMEOUT)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"{TIMEOUT_ENV}={raw!r} is not a number of seconds above 0: set it to e.g. 60, or unset it (60 s by "
+            "default)"
+        )
+    return seconds
 
 
 def env_token() -> str | None:

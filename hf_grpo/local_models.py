@@ -12,8 +12,8 @@ tokenizer with its chat template, a provenance ``README.md``, a manifest of hash
 
 ``get`` builds the folder in a hidden one beside it, renamed into place once whole, under a lock on ``models``
 (``flock``: the kernel drops it when the process ends, also by SIGKILL); the next ``get`` removes what a killed one
-left. A folder it cannot write (read-only, no permission, a full disk) ends it with one line and exit status 1,
-Ctrl-C with 130; a bad name, a wrong pinned file or an unreachable package index with 2.
+left. A folder it cannot write ends it with one line: exit status 2 (read-only, no permission, under a file), 1 (a
+full disk); Ctrl-C with 130; a bad name, a wrong pinned file or an unreachable package index with 2.
 """
 
 from __future__ import annotations
@@ -485,10 +485,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.local_mod
     except LocalModelError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    except OSError as exc:  # a cache folder that cannot be written: read-only, no permission, a full disk
+    except OSError as exc:  # a cache folder that cannot be written: the user's to fix (2), or a full disk (1)
         message = os_problem(exc, args.name) if args.command == "get" else str(exc)
         print(f"{prog}: error: {message}", file=sys.stderr)  # noqa: T201
-        return 1
+        return 2 if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST) else 1
     except KeyboardInterrupt:
         again = f"; nothing half-written is left: run `{GET_COMMAND} {args.name}` again"
         print(f"\n{prog}: stopped by Ctrl-C{again if args.command == 'get' else ''}", file=sys.stderr)  # noqa: T201

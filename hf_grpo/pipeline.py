@@ -29,6 +29,7 @@ from .data.lengths import fit_prompts, prompt_budget
 from .data.loaders import eval_grader, is_conversation, is_local_file, source_splits
 from .evaluation.report import write_report
 from .evaluation.stats import gain_from_run
+from .finishing import lacking, load_trained_weights, trained_weights
 from .hub import push as push_to_hub
 from .launch import SERVER_STARTED_ENV, apply_thread_policy
 from .miniature import activate
@@ -40,7 +41,7 @@ from .recipe.yaml12 import load_yaml
 from .results import RunResult, library_versions
 from .rewards import load_reward_funcs
 from .rewards.wrapper import RewardFailedError
-from .run_files import EVAL_FILE, RECIPE_FILE, RECIPE_HEADER, VERSIONS_FILE
+from .run_files import EVAL_FILE, RECIPE_FILE, RECIPE_HEADER, RECIPE_HEADER_END, VERSIONS_FILE, RunFolderError, claim
 from .run_lock import RunLockError, acquire, check_free, release
 from .trackers import TrackerSetup, log_evaluation, setup_trackers
 
@@ -107,7 +108,7 @@ def save_recipe(recipe: Recipe) -> str | None:
         return None
     out = Path(recipe.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    header = f"{RECIPE_HEADER}{recipe.path} and the command line; every other key has its default\n"
+    header = f"{RECIPE_HEADER}{recipe.path}{RECIPE_HEADER_END}\n"
     text = header + yaml.safe_dump(recipe.values, sort_keys=False)
     (out / RECIPE_FILE).write_text(text)
     write_json(out / VERSIONS_FILE, library_versions())
@@ -139,6 +140,15 @@ def resume_target(recipe, num_processes: int, lock: bool = True) -> str | None:
         for change in sampling_changes(resume, features, num_processes):
             logger.warning("resume: %s", change)
     return resume
+
+
+def claim_output_dir(recipe: Recipe) -> None:
+    """``output_dir`` made a run folder of hf_grpo (``run_files.claim``) before anything is written there; a folder
+    that is no run of ours is a RecipeError naming it."""
+    try:
+        claim(recipe.training.output_dir)
+    except RunFolderError as exc:
+        raise RecipeError(str(exc)) from None
 
 
 def check_recipe_unchanged(recipe: Recipe, checkpoint: str) -> None:
@@ -179,11 +189,12 @@ def run(recipe: Recipe) -> dict:
     """
     activate(recipe.miniature)  # a miniature's stand-ins, before TRL's generation modules look for vllm once
     logger.info("torch uses %d CPU thread(s) per process (OMP_NUM_THREADS)", apply_thread_policy())
-    lock, problem = None, None
-    if recipe.training.process_index == 0:
+    lock, problem, args = None, None, recipe.training
+    if args.local_process_index == 0:  # each node's first process: its output_dir, shared with the others or not
         try:
-            lock = acquire(recipe.training.output_dir)
-        except RunLockError as exc:  # raised by every process at once (agree_on_resume), not here while they wait
+            claim(args.output_dir)  # the run's manifest: the first file hf_grpo writes there
+            lock = acquire(args.output_dir) if args.process_index == 0 else None
+        except (RunFolderError, RunLockError) as exc:  # raised by every process at once (agree_on_resume)
             problem = str(exc)
     try:
         return _run(recipe, problem)
@@ -201,18 +212,19 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
         except RecipeError as exc:  # raised below on every process at once, not here on one while the others wait
             problem = str(exc)
     resume = agree_on_resume(resume, problem)  # before anything loads
-    step = finished_step(resume, args.max_steps) if resume is not None else None
-    if step is not None:
-        logger.info(
-            "the run in %s is finished: %s is at step %d of max_steps %d; nothing to train (raise max_steps to train "
-            "on, or choose another output_dir for a new run)", args.output_dir, resume, step, args.max_steps,
-        )  # fmt: skip
+    finished = finished_run(recipe, resume)  # trained to max_steps: the resume writes only what the run lacks
+    if finished == "complete":
         return {}
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
     recipe_text = save_recipe(recipe)
     trackers = setup_trackers(recipe)  # the project (recipe > environment > default), before the trainer is built
     trainer, evaluator, history = build_trainer(recipe)
+    trained = None if finished is None else resume or args.output_dir  # where the trained weights are
+    if trained is not None:  # no train(): the history is the file's
+        from .evaluation.history import read_history  # transformers: loaded when a run starts, not for --help
+
+        history.records = read_history(args.output_dir)
 
     def result_of(evaluations: dict | None) -> RunResult:  # what this process holds, as one result
         values, records = recipe.values, history.records
@@ -220,7 +232,8 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
             args.output_dir, values=values, recipe_text=recipe_text, history=records, evaluations=evaluations
         )
 
-    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure=lambda: write_report(result_of(None)))
+    on_failure = lambda: write_report(result_of(None))  # noqa: E731
+    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure, trained)
     if trainer.accelerator.is_main_process:
         result = result_of(results)
         write_outputs(result, trainer, trackers)
@@ -232,6 +245,37 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
             logger.info("pushed to %s", pushed.repo_url)
     trainer.accelerator.wait_for_everyone()
     return results
+
+
+def finished_run(recipe: Recipe, resume: str | None) -> str | None:
+    """Whether the run asked to resume has trained to ``max_steps`` already (``hf_grpo.finishing``): ``"complete"``
+    when it lacks nothing, ``"checkpoint"`` (its checkpoint is at ``max_steps``: TRL trains no step) or ``"weights"``
+    (no checkpoint, its trained weights in ``output_dir``) when it lacks outputs; None for a run to train."""
+    args = recipe.training
+    step = finished_step(resume, args.max_steps) if resume is not None else None
+    asked = args.resume_from_checkpoint not in (None, False, "", "false", "False", "none")
+    if step is None and not (resume is None and asked and trained_weights(args.output_dir, args.max_steps)):
+        return None
+    where = f"{resume} is at step {step}" if step is not None else f"its weights are saved at step {args.max_steps}"
+    missing = lacking(args.output_dir, args.eval_before_after)
+    if not missing:
+        logger.info(
+            "the run in %s is finished: %s of max_steps %d; nothing to train (raise max_steps to train on, or "
+            "choose another output_dir for a new run)", args.output_dir, where, args.max_steps,
+        )  # fmt: skip
+        return "complete"
+    logger.info(
+        "the run in %s finished training (%s of max_steps %d) but lacks %s: writing them now, without training",
+        args.output_dir, where, args.max_steps, ", ".join(missing),
+    )  # fmt: skip
+    zero3 = recipe.layout.zero_stage == 3 or recipe.layout.distributed_type == "FSDP"
+    if zero3:  # their weights load sharded: set_peft_model_state_dict cannot fill them outside training
+        raise RecipeError(
+            f"the run in {args.output_dir} finished training but lacks {', '.join(missing)}, which hf_grpo writes "
+            f"only without ZeRO-3 or FSDP: evaluate it with `hf-grpo eval {args.output_dir}`, then `hf-grpo report "
+            f"{args.output_dir}` writes its summary, plot and card"
+        )
+    return "checkpoint" if step is not None else "weights"
 
 
 def agree_on_resume(resume: str | None, problem: str | None) -> str | None:
@@ -355,25 +399,31 @@ def _server_generator(recipe: Recipe):
     )
 
 
-def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, on_failure) -> dict:
+def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, on_failure, trained=None) -> dict:
     """Evaluate before, train (with the periodic evaluation), save, evaluate after; returns ``eval_results.json``'s
     content (empty without the before/after evaluation), which the main process writes. ``on_failure`` runs on the
-    main process when a broken reward stops training (the report then shows the run up to there)."""
+    main process when a broken reward stops training (the report then shows the run up to there). ``trained``: the
+    folder of the run's trained weights (``finished_run``: its checkpoint at max_steps, or ``output_dir``), loaded
+    instead of training (transformers' resume at max_steps would train one step more)."""
     args, results = recipe.training, {}
     before_after = evaluator is not None and args.eval_before_after
     tokenizer = trainer.processing_class
     if before_after:
         # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
-        # shards, and only the trainer's unwrap gathers them for generation.
-        results["before"] = evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
-    if recipe.model.warm_starts_pretrained and resume is None:
+        # shards, and only the trainer's unwrap gathers them for generation. A resumed run has its records.
+        recorded = evaluator.recorded("before") if resume is not None or trained is not None else None
+        results["before"] = recorded or evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
+    if recipe.model.warm_starts_pretrained and resume is None and trained is None:
         from .warm_start import warm_start_policy  # torch: loaded when a run starts, not for --help
 
         warm_start_policy(trainer, recipe.model)  # after "before": the gain counts it (the tiny model's is its base)
     if evaluator is not None and args.task_eval_steps > 0:
         trainer.add_callback(evaluator.callback(trainer, log_evaluation))
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        if trained is not None:
+            load_trained_weights(trainer, trained)
+        else:
+            trainer.train(resume_from_checkpoint=resume)
     except RewardFailedError:
         if trainer.accelerator.is_main_process:
             on_failure()

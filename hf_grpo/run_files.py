@@ -1,20 +1,32 @@
 """Names of the files a training run writes into its ``output_dir``; the trainer, reports, evaluation and the Hub
-push all read them from here. Also what marks a folder as a run's (``is_run_folder``), what a run may not write
-into (``output_dir_problem``), and the one way the commands write a file (``replacing``, ``write_text``): a
-temporary file beside it, renamed over it once whole, so a full disk or a kill never leaves half a file in its place.
+push all read them from here. Also what makes a folder a run's (its manifest, ``hf_grpo_run.json``: ``claim``,
+``run_manifest``, ``is_run_folder``), what a run may not write into (``output_dir_problem``), and the one way the
+commands write a file (``replacing``, ``write_text``): a temporary file beside it, renamed over it once whole, so a
+full disk or a kill never leaves half a file in its place.
+
+A folder is a run of hf_grpo only when it holds a file that only hf_grpo writes: the manifest, written first (before
+the lock, the server's log or a crash log), naming hf_grpo and its version. A name any trainer writes
+(``eval_results.json``, ``README.md``, ``adapter_config.json``) never makes a folder ours. A run written before the
+manifest existed is recognised by a file only hf_grpo ever wrote (``LEGACY_SIGNS``: a ``recipe.yaml`` that starts
+with the line ``save_recipe`` writes, or a ``checkpoint-N/`` with hf_grpo's checkpoint manifest), and gets its
+manifest when a command of ours next writes into it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 
 RECIPE_FILE = "recipe.yaml"  # the resolved recipe (hf_grpo.pipeline.save_recipe)
-RECIPE_HEADER = "# resolved from "  # how save_recipe starts recipe.yaml (a user's recipe.yaml does not)
+RECIPE_HEADER = "# resolved from "  # how save_recipe starts recipe.yaml's first line (a user's recipe.yaml does not)
+RECIPE_HEADER_END = " and the command line; every other key has its default"  # and how it ends it
 VERSIONS_FILE = "versions.json"  # library versions at training time (hf_grpo.pipeline.save_recipe)
 HISTORY_FILE = "training_history.json"  # one record per logged step (hf_grpo.evaluation.history)
 EVAL_FILE = "eval_results.json"  # held-out accuracy before and after training (hf_grpo.train)
@@ -26,22 +38,76 @@ SERVER_LOG = "vllm_server.log"  # the output of the vLLM server a launch starts 
 LOGS_DIR = "logs"  # crash logs, logs/crash-<time>-<pid>.log (hf_grpo.crash_log)
 CHECKPOINT_MANIFEST = "hf_grpo_checkpoint.json"  # the last file of a complete checkpoint-N/ (hf_grpo.checkpoints)
 
-# Files only a run of hf_grpo writes, in the order it writes them: the lock is its first file (the main process takes
-# it before writing anything else; a killed run leaves it), recipe.yaml and versions.json come next, then the
-# history and the results. The launcher writes the server's log and crash logs before the lock.
-RUN_MARKS = (LOCK_FILE, VERSIONS_FILE, HISTORY_FILE, EVAL_FILE, SERVER_LOG)
+RUN_MANIFEST = "hf_grpo_run.json"  # the first file of a run: what makes the folder hf_grpo's (claim)
+WRITER = "hf_grpo"  # the manifest's "written_by"
+
+
+class RunFolderError(ValueError):
+    """A folder a command would write into is not a run of hf_grpo's; the message names it and what to do."""
+
+
+def hf_grpo_version() -> str:
+    try:
+        return version("hf_grpo")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+def run_manifest(folder: str | os.PathLike) -> dict | None:
+    """The manifest of the run in ``folder`` (``{"written_by": "hf_grpo", "version": ..., "created": ...}``), or
+    None when it holds none, or one hf_grpo did not write."""
+    try:
+        manifest = json.loads((Path(folder) / RUN_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("written_by") == WRITER else None
+
+
+def legacy_run(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a run an earlier hf_grpo wrote, before the manifest: a ``recipe.yaml`` that starts
+    with the line only ``save_recipe`` writes, or a ``checkpoint-N/`` whose manifest only hf_grpo writes (all that a
+    node holds when the nodes do not share ``output_dir``)."""
+    folder = Path(folder)
+    header = _first_line(folder / RECIPE_FILE)
+    if header.startswith(RECIPE_HEADER) and header.endswith(RECIPE_HEADER_END):
+        return True
+    for manifest in folder.glob(f"checkpoint-*/{CHECKPOINT_MANIFEST}"):
+        try:
+            content = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(content, dict) and {"num_processes", "dynamic_sampling", "files"} <= content.keys():
+            return True
+    return False
 
 
 def is_run_folder(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a run of hf_grpo: one of ``RUN_MARKS`` or a temporary file it is written through
-    (``hf_grpo.lock.<pid>.tmp``), a ``recipe.yaml`` that starts as ``save_recipe`` writes it, a crash log, or a
-    ``checkpoint-N/`` with its manifest (all that a node holds when the nodes do not share ``output_dir``)."""
-    folder, temporaries = Path(folder), tuple(f"{mark}." for mark in RUN_MARKS)
-    if any(name in RUN_MARKS or name.startswith(temporaries) for name in _names(folder)):
-        return True
-    if _starts_with(folder / RECIPE_FILE, RECIPE_HEADER):
-        return True
-    return any(folder.glob(f"{LOGS_DIR}/crash-*.log")) or any(folder.glob(f"checkpoint-*/{CHECKPOINT_MANIFEST}"))
+    """Whether ``folder`` holds a run of hf_grpo: its manifest, or an earlier version's run (``legacy_run``)."""
+    return run_manifest(folder) is not None or legacy_run(folder)
+
+
+def claim(folder: str | os.PathLike) -> Path:
+    """Make ``folder`` a run folder of hf_grpo before anything is written there: create it with the manifest, write
+    the manifest into an empty folder or an earlier version's run, keep a run's own; any other folder raises
+    ``RunFolderError``. Safe to call from several processes (the manifest is written whole, by rename)."""
+    path = Path(folder)
+    if run_manifest(path) is not None:
+        return path
+    problem = output_dir_problem(path)
+    if problem:
+        raise RunFolderError(
+            f"output_dir {folder} {problem}: hf_grpo writes only into a new or empty folder or one of its own "
+            "runs; choose another output_dir"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "written_by": WRITER,
+        "version": hf_grpo_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "about": "This folder is a training run of hf_grpo: its commands write here, and only where this file is.",
+    }
+    write_text(path / RUN_MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return path
 
 
 def _names(folder: str | os.PathLike) -> list[str]:
@@ -52,12 +118,12 @@ def _names(folder: str | os.PathLike) -> list[str]:
         return []
 
 
-def _starts_with(path: Path, prefix: str) -> bool:
+def _first_line(path: Path) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(len(prefix)) == prefix
+            return f.readline(1000).rstrip("\n")
     except OSError:
-        return False
+        return ""
 
 
 def output_dir_problem(output_dir: str | os.PathLike) -> str | None:
@@ -73,7 +139,7 @@ def output_dir_problem(output_dir: str | os.PathLike) -> str | None:
     if path == Path.home().resolve():
         return "is your home folder"
     if any(not name.startswith(".") for name in _names(path)) and not is_run_folder(path):
-        return "already holds files and no hf_grpo run (no hf_grpo.lock, recipe.yaml, versions.json, checkpoint-N/)"
+        return f"already holds files and is no run of hf_grpo (it has no {RUN_MANIFEST})"
     return None
 
 

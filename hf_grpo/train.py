@@ -48,7 +48,7 @@ from .launch import (
     stop_like_ctrl_c,
     stopped_summary,
 )
-from .pipeline import resume_target, run
+from .pipeline import claim_output_dir, resume_target, run
 from .recipe import NESTED, RecipeError, apply_env, field_index, load_recipe, nested_index, render_dry_run
 from .rewards.wrapper import RewardFailedError
 from .stopping import StopSignal, stops_held
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         try:
             if recipe.layout.num_machines == 1:  # a bad or changed checkpoint, the output_dir lock: before the launch
                 resume_target(recipe, recipe.layout.num_processes)
+            claim_output_dir(recipe)  # before the launch writes its server's log there
             # with several machines the training processes check, where every rank agrees or all stop at once
             # (pipeline.agree_on_resume): one node refusing here would leave the others waiting for it in silence
             return run_launcher(recipe, passthrough)

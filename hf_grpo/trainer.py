@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 import trl
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
@@ -74,6 +74,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._ahead = self._lookahead() if overlap else None
         self._sampler = self._dynamic_sampler() if self.args.dynamic_sampling or overlap else None
         self.reward_health = RewardHealth(self.reward_func_names)
+        if is_peft_model(self.model):  # PEFT's save writes a README.md over any: the run's card is hf_grpo.card's
+            self.model.create_or_update_model_card = lambda output_dir: None
         self._shared_prompts = shared_prompts.install_in(self)  # each distinct prompt run once for its group
         self._regroup = self._shared_prompts and micro_batches.may_regroup(self)
         self._arranged = None  # the buffered micro-batches last arranged by _prepare_inputs (micro_batches.py)
@@ -309,6 +311,10 @@ class GRPOTrainer(trl.GRPOTrainer):
             for name, value in self._ahead.lag_metrics(self.state.global_step, versions).items():
                 self.record_metric(name, value)
         return inputs
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Nothing: TRL writes its draft card over output_dir's README.md at every checkpoint, whoever wrote it; the
+        run's card is written at the end by ``hf_grpo.card``, which never replaces a README.md it did not write."""
 
     def _save_checkpoint(self, model, trial):
         start, limit = time.perf_counter(), self.args.save_total_limit

@@ -19,7 +19,8 @@ chose, and prints the calls with their sizes.
 ``install`` (standard library and pip only) checks the call's parts, adds them to ``/tmp/gpu_bundle``, joins every
 file whose parts are all there, checks it, and installs each group whose files are all there with ``pip install
 --no-index --no-deps --target /tmp/site/GROUP``. Then ``export PYTHONPATH=/tmp/site/vllm:/tmp/site/model:/tmp/site/
-core:$PWD`` puts them before the machine's own packages.
+core:$PWD`` puts them before the machine's own packages. The store and each SITE/GROUP hold ``gpu_bundle-install.json``
+(``MARK``), written by install alone: it replaces or removes only a folder with that mark and refuses any other.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,16 +50,9 @@ PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary
     for tag in ("manylinux_2_35", "manylinux_2_34", "manylinux_2_31", "manylinux_2_28", "manylinux_2_27")
     + ("manylinux_2_17", "manylinux2014", "manylinux1")
 ]
-ENVIRONMENT = {  # the machine's, for requirement markers
-    "python_version": "3.12",
-    "python_full_version": "3.12.3",
-    "sys_platform": "linux",
-    "platform_system": "Linux",
-    "platform_machine": "x86_64",
-    "os_name": "posix",
-    "implementation_name": "cpython",
-    "platform_python_implementation": "CPython",
-}
+MARKERS = "python_version=3.12 python_full_version=3.12.3 sys_platform=linux platform_system=Linux os_name=posix"
+MARKERS += " platform_machine=x86_64 implementation_name=cpython platform_python_implementation=CPython"
+ENVIRONMENT = dict(entry.split("=") for entry in MARKERS.split())  # the machine's, for requirement markers
 
 # In install order: the GPU tier without vLLM needs core and model; vllm comes last.
 GROUPS = {
@@ -156,12 +151,8 @@ class File:
 
 def tree_size(root: Path = ROOT) -> int:
     """Bytes of the working tree that every call carries (tracked files, and untracked ones git does not ignore)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        check=True,
-    ).stdout
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    listed = subprocess.run(command, cwd=root, capture_output=True, check=True).stdout
     paths = (root / name for name in listed.decode().split("\0") if name)
     return sum(path.stat().st_size for path in paths if path.is_file())
 
@@ -188,10 +179,8 @@ def plan(files: list[File], limit: int) -> int:
 
 
 def call_sizes(files: list[File]) -> dict[int, int]:
-    sizes: dict[int, int] = {}
-    for part in (p for f in files for p in f.parts):
-        sizes[part.call] = sizes.get(part.call, 0) + part.size
-    return sizes
+    parts = [p for f in files for p in f.parts]
+    return {call: sum(p.size for p in parts if p.call == call) for call in sorted({p.call for p in parts})}
 
 
 def print_calls(files: list[File], tree: int) -> None:
@@ -371,34 +360,88 @@ def build(args: argparse.Namespace) -> int:
 
 # --- install: there, with the standard library and pip ----------------------------------------------------------
 
+MARK, WRITER = "gpu_bundle-install.json", "scripts/gpu_bundle.py install"  # in each folder install made, no other
+
+
+def refuse(text: str) -> SystemExit:
+    """A user error: one line on stderr, exit status 2."""
+    print(f"gpu_bundle: {text}", file=sys.stderr, flush=True)  # noqa: T201
+    return SystemExit(2)
+
+
+def claim(folder: Path, option: str) -> dict | None:
+    """The mark of ``folder`` (a folder install made), None where it does not exist; refuses any other folder."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    try:
+        mark = None if folder.is_symlink() else json.loads((folder / MARK).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        mark = None
+    if not isinstance(mark, dict) or mark.get("written_by") != WRITER:
+        why = f"exists and gpu_bundle did not make it (no {MARK} of its own in it), so it is left as it is"
+        raise refuse(f"{folder} {why}: pass another {option}, or remove it yourself")
+    return mark
+
+
+def write_mark(folder: Path, **what) -> None:
+    """Mark ``folder`` as install's, saying what it holds (temp + rename)."""
+    (folder / f"{MARK}.tmp").write_text(json.dumps({"written_by": WRITER, **what}, indent=1) + "\n")
+    os.replace(folder / f"{MARK}.tmp", folder / MARK)
+
+
+def read_call(call_dir: Path) -> tuple[str, list[File]]:
+    """The bundle and files of a call's manifest; one line (exit 2) where ``call_dir`` is no call folder of build."""
+    try:
+        manifest = json.loads((call_dir / "manifest.json").read_text())
+        files = [File(**{**f, "parts": [Part(**p) for p in f["parts"]]}) for f in manifest["files"]]
+        return str(manifest["bundle"]), files
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        why = f"manifest.json: {getattr(error, 'strerror', None) or error!r}" if call_dir.is_dir() else "absent"
+        carry = 'carry it (e.g. [".gpu_bundle/call1"]) after `python scripts/gpu_bundle.py build` here'
+        raise refuse(f"{call_dir} is no call folder of build ({why}): {carry}") from None
+
 
 def install(args: argparse.Namespace) -> int:
     """Check and keep the parts of one call, join the files whose parts are all here, install complete groups."""
     call_dir, store, site = Path(args.call_dir), Path(args.store), Path(args.site)
-    manifest = json.loads((call_dir / "manifest.json").read_text())
-    kept = store / "manifest.json"
-    if kept.is_file() and json.loads(kept.read_text())["bundle"] != manifest["bundle"]:
+    bundle, files = read_call(call_dir)
+    groups = {g: [f for f in files if f.group == g] for g in dict.fromkeys(f.group for f in files)}
+    for group in groups:
+        claim(site / group, "--site")  # (refused before anything is written)
+    try:
+        open_store(store, bundle)
+        for part in (p for f in files for p in f.parts if (call_dir / p.name).is_file()):
+            if sha256(call_dir / part.name) != part.sha256:
+                raise SystemExit(f"gpu_bundle: {call_dir / part.name} is damaged (sha256 differs): carry it again")
+            shutil.copyfile(call_dir / part.name, store / "parts" / f"{part.name}.tmp")
+            os.replace(store / "parts" / f"{part.name}.tmp", store / "parts" / part.name)
+        for group, members in groups.items():
+            missing = sorted({p.call for f in members for p in f.parts if not (store / "parts" / p.name).is_file()})
+            if missing:
+                say(f"group {group}: waiting for call(s) {', '.join(map(str, missing))}")
+            elif (store / f"installed-{group}").is_file():
+                say(f"group {group}: installed in {site / group}")
+            else:
+                install_group(group, [join(f, store) for f in members], site / group, bundle)
+                (store / f"installed-{group}").touch()
+    except OSError as error:  # (a failed write: which path, and which option to change)
+        path = next((Path(p) for p in (error.filename2, error.filename) if p), store)
+        option = "--site" if path.is_relative_to(site) else "--store" if path.is_relative_to(store) else None
+        fix = f"pass {option} a writable folder with room" if option else "carry the call folder again"
+        raise refuse(f"{path}: {error.strerror}: {fix}") from None
+    return 0
+
+
+def open_store(store: Path, bundle: str) -> None:
+    """``store`` made and marked for ``bundle``: another bundle's store (one install made) is removed first."""
+    mark = claim(store, "--store")
+    if mark is not None and mark.get("bundle") != bundle:
         say(f"gpu_bundle: {store} holds another bundle's parts: removed")
         shutil.rmtree(store)
-    (store / "parts").mkdir(parents=True, exist_ok=True)
-    kept.write_text(json.dumps(manifest))
-    files = [File(**{**f, "parts": [Part(**p) for p in f["parts"]]}) for f in manifest["files"]]
-    for part in (p for f in files for p in f.parts if (call_dir / p.name).is_file()):
-        if sha256(call_dir / part.name) != part.sha256:
-            raise SystemExit(f"gpu_bundle: {call_dir / part.name} is damaged (sha256 differs): carry it again")
-        shutil.copyfile(call_dir / part.name, store / "parts" / part.name)
-    for group in dict.fromkeys(f.group for f in files):
-        members = [f for f in files if f.group == group]
-        missing = sorted({p.call for f in members for p in f.parts if not (store / "parts" / p.name).is_file()})
-        done = store / f"installed-{group}"
-        if missing:
-            say(f"group {group}: waiting for call(s) {', '.join(map(str, missing))}")
-        elif done.is_file():
-            say(f"group {group}: installed in {site / group}")
-        else:
-            install_group(group, [join(f, store) for f in members], site / group)
-            done.touch()
-    return 0
+    if mark is None or mark.get("bundle") != bundle:
+        store.mkdir(parents=True)
+        write_mark(store, bundle=bundle, holds="the parts of the bundle's calls and the files joined from them")
+    (store / "parts").mkdir(exist_ok=True)
 
 
 def join(file: File, store: Path) -> Path:
@@ -414,12 +457,22 @@ def join(file: File, store: Path) -> Path:
     return path
 
 
-def install_group(group: str, wheels: list[Path], target: Path) -> None:
-    """pip-install ``wheels`` (no index, no requirements) into a fresh ``target``; prints what it holds."""
-    shutil.rmtree(target, ignore_errors=True)
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-    command += ["--no-cache-dir", "--disable-pip-version-check", "--target", str(target), *map(str, wheels)]
-    subprocess.run(command, check=True)
+def install_group(group: str, wheels: list[Path], target: Path, bundle: str) -> None:
+    """pip-install ``wheels`` (no index, no requirements) into a new marked folder that then takes the place of
+    ``target`` (which, if it exists, install made: ``claim`` refuses any other); prints what it holds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{group}-", dir=target.parent))
+    try:
+        write_mark(fresh, bundle=bundle, group=group, wheels=[w.name for w in wheels])
+        command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        command += ["--no-cache-dir", "--disable-pip-version-check", "--target", str(fresh), *map(str, wheels)]
+        if subprocess.run(command, check=False).returncode:
+            raise SystemExit(f"gpu_bundle: pip could not install group {group} into {target} (its output above)")
+        if claim(target, "--site") is not None:
+            shutil.rmtree(target)
+        os.rename(fresh, target)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # (made above, with the mark in it; gone once renamed)
     names = sorted(p.name.removesuffix(".dist-info") for p in target.glob("*.dist-info"))
     say(f"group {group}: installed in {target}: {' '.join(names)}")
 

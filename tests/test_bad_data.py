@@ -101,9 +101,15 @@ def unwritable_folder(tmp_path) -> str | None:
     return None
 
 
-def test_a_read_only_datasets_cache_exits_2_before_the_model_loads(tmp_path):
-    """A read-only HF_HOME / datasets cache ended in a PermissionError traceback from datasets."""
-    cache = unwritable_folder(tmp_path)
+@pytest.mark.parametrize("where", ["read-only", "under a file"])
+def test_a_read_only_datasets_cache_exits_2_before_the_model_loads(tmp_path, where):
+    """A read-only HF_HOME / datasets cache ended in a PermissionError traceback from datasets; one under a regular
+    file (a typo in HF_HOME) in a NotADirectoryError traceback."""
+    if where == "under a file":
+        (tmp_path / "a-file").write_text("")
+        cache = str(tmp_path / "a-file" / "cache")
+    else:
+        cache = unwritable_folder(tmp_path)
     if cache is None:
         pytest.skip("no folder here refuses this process a write")
     data = write_jsonl(tmp_path / "ok.jsonl", ["What is 0 + 0?"] * 4)

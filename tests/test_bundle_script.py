@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import subprocess
 import sys
 import zipfile
@@ -127,3 +128,70 @@ def test_install_refuses_a_damaged_part_and_forgets_another_bundles_parts(tmp_pa
     part.write_bytes(bytes([data[0] ^ 1]) + data[1:])
     with pytest.raises(SystemExit, match="is damaged .sha256 differs.: carry it again"):
         install(tmp_path / "new" / "call2", store, site)
+
+
+def one_call(tmp_path: Path) -> Path:
+    """The call folder of a bundle of one wheel in one call: install installs group core from it at once."""
+    wheel = make_wheel(tmp_path, "alpha", "one")
+    files = [bundle.File(wheel.name, "core", wheel.stat().st_size, sha256=bundle.sha256(wheel))]
+    assert bundle.plan(files, 10**6) == 1
+    bundle.write_calls(files, {wheel.name: wheel}, tmp_path / "bundle")
+    return tmp_path / "bundle" / "call1"
+
+
+def refused(capsys, call: Path, store: Path, site: Path) -> str:
+    """The one line of an install that exits 2 (a user error), with nothing on stdout and no traceback."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        bundle.main(["install", str(call), "--store", str(store), "--site", str(site)])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == "", (stop.value.code, out, err)
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpu_bundle: ") and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_install_leaves_the_folders_it_did_not_make_as_they_are(tmp_path, capsys):
+    call, store, site = one_call(tmp_path), tmp_path / "store", tmp_path / "site"
+    (site / "core").mkdir(parents=True)
+    (site / "core" / "mine.py").write_text("the user's\n")
+    line = refused(capsys, call, store, site)
+    assert str(site / "core") in line and "--site" in line and "remove it yourself" in line, line
+    assert (site / "core" / "mine.py").read_text() == "the user's\n" and not store.exists()
+
+    theirs = tmp_path / "theirs"  # a store someone else made, even one with a manifest of another bundle
+    theirs.mkdir()
+    (theirs / "manifest.json").write_text('{"bundle": "another"}')
+    (theirs / "notes.txt").write_text("keep\n")
+    line = refused(capsys, call, theirs, tmp_path / "site2")
+    assert str(theirs) in line and "--store" in line, line
+    assert sorted(p.name for p in theirs.iterdir()) == ["manifest.json", "notes.txt"]
+    assert not (tmp_path / "site2").exists()
+
+    (site / "core" / "mine.py").unlink()
+    (site / "core").rmdir()
+    assert "group core: installed in" in install(call, store, site)  # what it made, it marks and may replace
+    for folder in (store, site / "core"):
+        assert json.loads((folder / bundle.MARK).read_text())["written_by"] == bundle.WRITER
+    assert "group core: installed in" in install(call, tmp_path / "store2", site)
+    assert (site / "core" / "alpha.py").is_file() and [p.name for p in site.iterdir()] == ["core"]
+
+
+def test_install_of_a_missing_call_folder_is_one_line(tmp_path, capsys):
+    store, site = tmp_path / "store", tmp_path / "site"
+    line = refused(capsys, tmp_path / "no" / "such" / "call", store, site)
+    assert str(tmp_path / "no" / "such" / "call") in line and "(absent)" in line and ".gpu_bundle/call1" in line
+    (tmp_path / "empty").mkdir()
+    line = refused(capsys, tmp_path / "empty", store, site)
+    assert str(tmp_path / "empty") in line and "manifest.json" in line, line
+    assert not store.exists() and not site.exists()
+
+
+def test_install_into_a_folder_it_cannot_write_is_one_line(tmp_path, capsys):
+    # (tests run as root, where a read-only folder still takes writes: a path under a file cannot be made by anyone)
+    call, blocker = one_call(tmp_path), tmp_path / "a_file"
+    blocker.write_text("")
+    line = refused(capsys, call, tmp_path / "store", blocker / "site")
+    assert str(blocker / "site") in line and "pass --site a writable folder" in line, line
+    line = refused(capsys, call, blocker / "store", tmp_path / "site")
+    assert str(blocker / "store") in line and "pass --store a writable folder" in line, line
+    assert blocker.read_text() == ""

@@ -129,11 +129,11 @@ def test_auto_over_checkpoints_it_cannot_use_stops_instead_of_starting_over(run_
     assert resolve_resume("auto", str(run_dir / "nothing-here"), 1) is None  # no checkpoint at all: a fresh start
 
 
-def test_an_explicit_checkpoint_from_another_program_is_taken_unchecked(run_dir, caplog):
+def test_an_explicit_checkpoint_from_another_program_is_refused(run_dir):
+    """It was taken with a warning, loaded, and ended in a traceback (tests/test_run_guard.py: from the command line)."""
     (run_dir / "checkpoint-2" / MANIFEST).unlink()  # what stock transformers writes: trainer_state.json, no manifest
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
-        assert resolve_resume(str(run_dir / "checkpoint-2"), str(run_dir), 1) == str(run_dir / "checkpoint-2")
-    assert "not checked" in caplog.text
+    with pytest.raises(CheckpointError, match=f"checkpoint-2 has no {MANIFEST}: hf_grpo did not write it"):
+        resolve_resume(str(run_dir / "checkpoint-2"), str(run_dir), 1)
 
 
 def test_the_cli_refuses_a_damaged_checkpoint_before_loading_anything(run_dir):

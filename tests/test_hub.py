@@ -1,6 +1,7 @@
 """Pushing a run to the Hub, offline: a real tiny run goes to a local HTTP server that speaks the Hub API subset
 huggingface_hub uses (tests/helpers/fake_hub.py), reached through HF_ENDPOINT exactly as the real Hub would be.
-The card's metadata alone (no push) is in test_hub_card.py."""
+The card's metadata alone (no push) is in test_hub_card.py; a push refused before anything is sent, and a Hub that does
+not answer, in test_hub_refusals.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import yaml
 from huggingface_hub import ModelCard, constants
 from safetensors.torch import load_file, save_file
 
-from hf_grpo import hub
+from hf_grpo import hub, run_files
 from hf_grpo.evaluation.summary import eval_table
 from hf_grpo.train import main as train_main
 
@@ -315,7 +316,8 @@ def test_merged_push_uploads_base_plus_lora(run_dir, tmp_path, fake_hub):
     "case, expected",
     [
         ("missing output dir", "does not exist"),
-        ("empty output dir", "holds no adapter"),
+        ("empty output dir", "is not a run of hf_grpo"),
+        ("bad timeout", "HF_GRPO_HUB_TIMEOUT='soon' is not a number of seconds above 0"),
         ("no token", "export HF_TOKEN"),
         ("offline", "HF_HUB_OFFLINE"),
         ("bad repo id", "invalid repo id"),
@@ -328,17 +330,22 @@ def test_cli_user_errors_exit_2(run_dir, tmp_path, fake_hub, monkeypatch, capsys
         target = str(tmp_path / "nope")
     elif case == "empty output dir":
         target = str(tmp_path)
+    elif case == "bad timeout":
+        monkeypatch.setenv("HF_GRPO_HUB_TIMEOUT", "soon")
     elif case == "no token":
         monkeypatch.delenv("HF_TOKEN")
     elif case == "offline":
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     elif case == "bad repo id":
         repo = "a/b/c"
-    elif case == "merged without adapter":
-        target, extra = str(run_dir / "base_model"), ["--merged"]
+    elif case == "merged without adapter":  # a run of full model weights
+        target, extra = str(run_files.claim(tmp_path / "full")), ["--merged"]
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(run_dir / "base_model" / name, target)
     assert hub.main([target, repo, *extra]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("hf_grpo.hub: error: ") and expected in captured.err
+    assert captured.err.count("\n") == 1  # one line
     assert "Traceback" not in captured.err and not _leaks(captured.err)
     assert fake_hub.requests == []
 

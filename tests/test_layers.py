@@ -40,7 +40,17 @@ LAYERS = [
     ["launch", "miniature"],
     ["recipe"],
     ["trainer", "eta", "evaluation.tasks"],
-    ["results", "evaluation.report", "evaluation.plot", "evaluation.summary", "card", "trackers", "hub", "pipeline"],
+    [
+        "results",
+        "evaluation.report",
+        "evaluation.plot",
+        "evaluation.summary",
+        "card",
+        "trackers",
+        "hub",
+        "pipeline",
+        "finishing",
+    ],
     ["train", "evaluate", "evaluation.cli", "cli", ""],
 ]
 

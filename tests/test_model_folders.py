@@ -7,8 +7,9 @@ model name that is no folder, no name ``hf-grpo model get`` knows and not in the
 connecting to the Hub). A hub model that is in the hub cache still loads offline. The checks read headers only.
 
 ``hf-grpo model get`` leaves no half-written folder: Ctrl-C ends it with one line and exit status 130, a folder it
-cannot write with one line and 1 (a full disk during the conversion: tests/test_local_models.py), and the next
-``get`` removes what a killed one left, and only that; while one ``get`` works, another waits for it.
+cannot write (read-only, or under a file) with one line and 2 (a full disk during the conversion with 1:
+tests/test_local_models.py), and the next ``get`` removes what a killed one left, and only that; while one ``get``
+works, another waits for it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from hf_grpo.local_models import PackagedModel
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
 
-from .helpers.common import REPO
+from .helpers.common import REPO, run_module
 
 
 TINY = str(REPO / "recipes" / "tiny.yaml")
@@ -432,10 +433,23 @@ def test_get_into_a_read_only_cache_is_one_line(read_only_cache, monkeypatch, ca
     monkeypatch.setenv(local_models.CACHE_ENV, str(read_only_cache))
     entry = PackagedModel(NAME, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, "0" * 64, "example/tiny", "Q4_1", "mit")
     monkeypatch.setattr(local_models, "PACKAGED_MODELS", {NAME: entry})
-    assert local_models.main(["get", NAME], prog="hf-grpo model") == 1
+    assert local_models.main(["get", NAME], prog="hf-grpo model") == 2  # the user's to fix: was 1
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if line.strip()]
     assert line.startswith(f"hf-grpo model: error: could not get {NAME} into {read_only_cache / 'models'}: ")
     assert "Read-only file system" in line or "Permission denied" in line
     assert "make it writable or set HF_GRPO_CACHE to another folder" in line
     assert list((read_only_cache / "models").iterdir()) == []
+
+
+def test_get_into_a_cache_under_a_file_exits_2_in_one_line(tmp_path):
+    """A cache that cannot be made (HF_GRPO_CACHE under a regular file: as root too, whom no mode stops) got the
+    right line and exit status 1; the process of `hf-grpo model get` now ends with 2, a user error."""
+    (tmp_path / "a_file").write_text("")
+    cache = tmp_path / "a_file" / "cache"
+    got = run_module("hf_grpo.cli", "model", "get", PACKAGED, env={local_models.CACHE_ENV: str(cache)}, timeout=120)
+    lines = [line for line in got.stderr.splitlines() if line.strip()]
+    assert got.returncode == 2 and len(lines) == 1 and "Traceback" not in got.stderr, (got.returncode, got.stderr)
+    assert lines[0].startswith(f"hf-grpo model: error: could not get {PACKAGED} into {cache / 'models'}: ")
+    assert "Not a directory" in lines[0] and "set HF_GRPO_CACHE to another folder" in lines[0], lines[0]
+    assert got.stdout == "" and (tmp_path / "a_file").read_text() == ""

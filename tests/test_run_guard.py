@@ -4,6 +4,7 @@ anything loads, and a finished run resumed says so and trains nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -14,7 +15,18 @@ from types import SimpleNamespace
 import pytest
 
 from hf_grpo import run_lock
-from hf_grpo.run_files import HISTORY_FILE, LOCK_FILE, RECIPE_FILE
+from hf_grpo.card import CARD_FILE, CARD_MARKER
+from hf_grpo.run_files import (
+    CHECKPOINT_MANIFEST,
+    EVAL_FILE,
+    EVAL_RECORDS,
+    HISTORY_FILE,
+    LOCK_FILE,
+    PLOT_FILE,
+    RECIPE_FILE,
+    SUMMARY_FILE,
+)
+from hf_grpo.train import main as train_main
 
 from .helpers.common import REPO, run_module
 from .helpers.launching import wait_until
@@ -25,8 +37,9 @@ pytestmark = pytest.mark.subprocess
 QUICK = [
     "--warm_start_steps", "0", "--arithmetic_train_size", "64", "--arithmetic_eval_size", "8",
     "--per_device_train_batch_size", "16", "--num_generations", "4", "--max_completion_length", "8",
-    "--eval_before_after", "false", "--task_eval_steps", "0", "--logging_steps", "1",
+    "--task_eval_steps", "0", "--logging_steps", "1",
 ]  # fmt: skip
+OUTPUTS = (EVAL_FILE, SUMMARY_FILE, PLOT_FILE, CARD_FILE)  # what a run writes after training
 
 
 def errors_of(stderr: str) -> list[str]:
@@ -69,6 +82,65 @@ def test_a_resume_with_another_lora_r_is_refused_before_the_model_loads(run_dir)
     assert "lora_r 16 -> 8" in error and "checkpoint-2" in error and "another output_dir" in error
     assert "Traceback" not in result.stderr and "training on" not in result.stderr  # nothing loaded
     assert not (run_dir / "checkpoint-3").exists()
+
+
+def stopped_in_its_last_evaluation(run_dir, checkpoints: bool = True):
+    """``run_dir`` as a stop during the evaluation after training leaves it: trained to max_steps, the adapter saved,
+    the records of the evaluation before training there, nothing after (with ``checkpoints``: checkpoint-2 too)."""
+    for name in (*OUTPUTS, EVAL_RECORDS.format(label="after")):
+        (run_dir / name).unlink()
+    if not checkpoints:
+        for folder in run_dir.glob("checkpoint-*"):
+            shutil.rmtree(folder)
+    return {name: (run_dir / name).read_bytes() for name in ("adapter_model.safetensors", "eval_before.jsonl")}
+
+
+def assert_finished_without_training(run_dir, kept: dict, finished: dict):
+    """The outputs the run lacked are written (the evaluation after training on the trained adapter), no step was
+    trained, and the evaluation before training was not repeated."""
+    assert all((run_dir / name).is_file() for name in OUTPUTS)
+    results = json.loads((run_dir / EVAL_FILE).read_text())
+    assert results["after"] == finished["after"] and results["before"] == finished["before"]
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+    assert max(r["step"] for r in json.loads((run_dir / HISTORY_FILE).read_text())) == 2
+    assert not (run_dir / "checkpoint-3").exists() and CARD_MARKER in (run_dir / CARD_FILE).read_text()
+
+
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpoint", "weights only"])
+def test_a_run_stopped_in_its_last_evaluation_resumes_into_what_it_lacks(finished_run, run_dir, caplog, checkpoints):
+    """Ctrl-C during the evaluation after training: the resume said "finished, nothing to train" and exited 0, and
+    the run never got its evaluation, summary, plot or card (with no checkpoint it trained again from step 0)."""
+    finished = json.loads((finished_run / EVAL_FILE).read_text())
+    kept = stopped_in_its_last_evaluation(run_dir, checkpoints)
+    args = [*QUICK, "--output_dir", str(run_dir), "--max_steps", "2", "--resume_from_checkpoint", "auto"]
+    with caplog.at_level(logging.INFO, logger="hf_grpo"):
+        assert train_main(args) == 0
+    err = caplog.text
+    assert "finished training" in err and "but lacks eval_results.json (the after-evaluation)" in err, err[-3000:]
+    assert "writing them now, without training" in err and "held-out accuracy (before): from the run's records" in err
+    assert_finished_without_training(run_dir, kept, finished)
+
+
+def test_the_report_finishes_a_run_stopped_in_its_last_evaluation(finished_run, run_dir):
+    finished = json.loads((finished_run / EVAL_FILE).read_text())
+    kept = stopped_in_its_last_evaluation(run_dir)
+    result = run_module("hf_grpo.evaluation.report", str(run_dir), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the run lacks its after-evaluation; finishing it: " in result.stderr
+    assert_finished_without_training(run_dir, kept, finished)
+
+
+def test_a_checkpoint_hf_grpo_did_not_write_is_refused_before_the_model_loads(run_dir, capsys):
+    """It was resumed from with a warning, loaded, and (another trainer's) ended in a traceback."""
+    foreign = run_dir / "checkpoint-2"
+    (foreign / CHECKPOINT_MANIFEST).unlink()
+    args = [*QUICK, "--output_dir", str(run_dir), "--max_steps", "3", "--resume_from_checkpoint", str(foreign)]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    (error,) = errors_of(err)
+    assert f"{foreign} has no {CHECKPOINT_MANIFEST}: hf_grpo did not write it" in error, error
+    assert "the newest complete one is" in error and "model_name_or_path" in error, error
+    assert "Traceback" not in err and "training on" not in err  # nothing loaded
 
 
 def test_a_finished_run_resumed_says_so_and_trains_nothing(run_dir):

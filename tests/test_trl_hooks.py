@@ -70,11 +70,22 @@ HOOKS = {
 
 # transformers.Trainer's own hooks, which TRL leaves alone
 TRANSFORMERS_HOOKS = {"get_batch_samples": ["self", "epoch_iterator", "num_batches", "device"]}
+# TRL's base trainer's: its draft model card, which it writes over output_dir's README.md at every checkpoint
+BASE_TRAINER_HOOKS = {"create_model_card": ["self", "model_name", "dataset_name", "tags"]}
 
 
 def test_every_overridden_trl_method_is_pinned_here():
     overridden = {n for n, v in vars(GRPOTrainer).items() if callable(v) and hasattr(trl.GRPOTrainer, n)}
-    assert overridden - {"__init__"} == set(HOOKS) | set(TRANSFORMERS_HOOKS)
+    assert overridden - {"__init__"} == set(HOOKS) | set(TRANSFORMERS_HOOKS) | set(BASE_TRAINER_HOOKS)
+
+
+@pytest.mark.parametrize("name, expected", BASE_TRAINER_HOOKS.items())
+def test_overridden_base_trainer_hook(name, expected):
+    from trl.trainer.base_trainer import _BaseTrainer as BaseTrainer
+
+    assert name in GRPOTrainer.__dict__ and name in BaseTrainer.__dict__, name
+    assert name not in trl.GRPOTrainer.__dict__, f"trl.GRPOTrainer now defines {name}: ours would bypass TRL's"
+    assert params(BaseTrainer, name) == params(GRPOTrainer, name) == expected
 
 
 @pytest.mark.parametrize("name, expected", TRANSFORMERS_HOOKS.items())

@@ -27,9 +27,12 @@ from hf_grpo.run_files import (
     PLOT_FILE,
     RECIPE_FILE,
     RECIPE_HEADER,
+    RECIPE_HEADER_END,
+    RUN_MANIFEST,
     SERVER_LOG,
     SUMMARY_FILE,
     VERSIONS_FILE,
+    claim,
 )
 from hf_grpo.train import main as train_main
 
@@ -73,9 +76,9 @@ def project(folder: Path) -> Path:
 
 
 def fake_run(out: Path) -> Path:
-    """A finished run's folder as the run leaves it, without the model: its recipe, versions and history."""
-    out.mkdir(parents=True, exist_ok=True)
-    header = f"{RECIPE_HEADER}recipes/tiny.yaml and the command line; every other key has its default\n"
+    """A finished run's folder as the run leaves it, without the model: its manifest, recipe, versions, history."""
+    claim(out)
+    header = f"{RECIPE_HEADER}recipes/tiny.yaml{RECIPE_HEADER_END}\n"
     (out / RECIPE_FILE).write_text(header + "max_steps: 2\n")
     (out / VERSIONS_FILE).write_text(json.dumps({"hf_grpo": "0.0"}))
     (out / HISTORY_FILE).write_text(json.dumps([{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}]))
@@ -111,9 +114,8 @@ def test_report_keeps_a_file_of_the_users_in_a_run(tmp_path, capsys, name):
 
 
 def test_report_rewrites_the_files_a_run_wrote(tmp_path):
-    """The draft card TRL writes at each checkpoint is replaced by ours, and a second report replaces its own."""
+    """The report writes the card, and a second report replaces its own."""
     out = fake_run(tmp_path / "run")
-    (out / CARD_FILE).write_text(TRL_DRAFT)
     for _ in range(2):
         assert report.main([str(out)]) == 0
         assert CARD_MARKER in (out / CARD_FILE).read_text()
@@ -146,7 +148,7 @@ def test_a_run_into_a_folder_of_the_users_stops_before_anything_loads(tmp_path):
     result = cli(["train", TINY, "--output_dir", str(folder), "--report_to", "none"], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     line = one_error(result.stderr, "hf_grpo: error: ")
-    assert f"output_dir '{folder}' already holds files and no hf_grpo run" in line, line
+    assert f"output_dir '{folder}' already holds files and is no run of hf_grpo (it has no {RUN_MANIFEST})" in line
     assert snapshot(folder) == before
 
 
@@ -171,30 +173,92 @@ def test_output_dir_refusals(tmp_path, monkeypatch, capsys, case):
     assert expected[case.split()[0]] in line and "choose a new or empty folder" in line, line
 
 
+LEGACY_CHECKPOINT = json.dumps({"num_processes": 1, "dynamic_sampling": False, "mid_cycle": False, "files": {}})
+
+
 @pytest.mark.parametrize(
     "case",
-    ["new", "empty", "hidden files only", "finished run", "killed run", "checkpoint only", "crash log", "server log"],
-)
+    ["new", "empty", "hidden files only", "finished run", "killed run", "launch stopped early", "earlier version",
+     "earlier version's node"],
+)  # fmt: skip
 def test_output_dirs_a_run_may_use(tmp_path, capsys, case):
-    """A new or empty folder, and every state a run of ours leaves its folder in: the lock a killed run leaves, a
-    node's own folder when nodes do not share output_dir (its checkpoints only), a launch that stopped early."""
+    """A new or empty folder, every state a run of ours leaves its folder in (its manifest is its first file: the
+    lock a killed run leaves, a launch that stopped early with its server's log), and a run an earlier version wrote
+    (its recipe.yaml's first line; a node's own folder, when nodes do not share output_dir: its checkpoint)."""
     out = tmp_path / "run"
     if case != "new":
         out.mkdir()
+    if case in ("finished run", "killed run", "launch stopped early"):
+        claim(out)
     files = {
-        "hidden files only": ".DS_Store",
-        "killed run": LOCK_FILE,
-        "checkpoint only": f"checkpoint-2/{CHECKPOINT_MANIFEST}",
-        "crash log": "logs/crash-20250101-000000-123.log",
-        "server log": SERVER_LOG,
+        "hidden files only": {".DS_Store": ""},
+        "killed run": {LOCK_FILE: "{}"},
+        "launch stopped early": {SERVER_LOG: "INFO started", "logs/crash-20250101-000000-123.log": "Traceback"},
+        "earlier version": {RECIPE_FILE: f"{RECIPE_HEADER}recipes/tiny.yaml{RECIPE_HEADER_END}\nseed: 0\n"},
+        "earlier version's node": {f"checkpoint-2/{CHECKPOINT_MANIFEST}": LEGACY_CHECKPOINT},
     }
-    if case in files:
-        (out / files[case]).parent.mkdir(parents=True, exist_ok=True)
-        (out / files[case]).write_text("{}")
+    for name, text in files.get(case, {}).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
     if case == "finished run":
         fake_run(out)
         project(out)  # its README.md and summary.md are the run's own
     assert train_main([TINY, "--dry-run", "--output_dir", str(out)]) == 0, capsys.readouterr().err
+
+
+TRAINED_ELSEWHERE = {  # a plain transformers / TRL / PEFT training folder: every name a trainer of any kind writes
+    "eval_results.json": '{"eval_loss": 0.5}',
+    "README.md": TRL_DRAFT,
+    "adapter_config.json": '{"peft_type": "LORA"}',
+    "adapter_model.safetensors": "weights",
+    "training_args.bin": "args",
+    SERVER_LOG: "INFO vllm",
+    HISTORY_FILE: "[]",
+    VERSIONS_FILE: "{}",
+    LOCK_FILE: "{}",
+    RECIPE_FILE: "model_name_or_path: Qwen/Qwen2.5-0.5B\n",
+    f"checkpoint-5/{CHECKPOINT_MANIFEST}": "{}",
+}
+
+
+def test_a_folder_with_the_names_a_run_writes_is_not_a_run_of_ours(tmp_path, capsys):
+    """Names any trainer writes (eval_results.json, vllm_server.log, README.md...) made a folder a run of ours: it
+    was accepted as output_dir and its README.md and eval_results.json were replaced. Only the manifest does now: the
+    run and the report refuse it in one line, before writing anything."""
+    folder = tmp_path / "trained-elsewhere"
+    for name, text in TRAINED_ELSEWHERE.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    before = snapshot(folder)
+    assert train_main([TINY, "--dry-run", "--output_dir", str(folder)]) == 2
+    line = one_error(capsys.readouterr().err, "hf_grpo: error: ")
+    assert f"already holds files and is no run of hf_grpo (it has no {RUN_MANIFEST})" in line, line
+    assert report.main([str(folder)]) == 2
+    line = one_error(capsys.readouterr().err, "python -m hf_grpo.evaluation.report: error: ")
+    assert f"holds no hf_grpo run (no {RUN_MANIFEST}" in line and "nothing was written" in line, line
+    assert snapshot(folder) == before
+
+
+def test_a_card_written_by_trl_in_a_run_of_ours_is_the_users(tmp_path, caplog):
+    """A README.md with TRL's sentence counted as a card of ours and was replaced; hf_grpo's trainer no longer lets
+    TRL or PEFT write one, so such a README.md is a user's (copied from a TRL run, say), and stays."""
+    out = fake_run(tmp_path / "run")
+    (out / CARD_FILE).write_text(TRL_DRAFT)
+    with caplog.at_level(logging.WARNING):
+        assert write_local_card(out) is None
+    assert (out / CARD_FILE).read_text() == TRL_DRAFT
+    assert "was not written by hf_grpo: left as it is" in caplog.text
+
+
+def test_an_earlier_versions_run_gets_its_manifest_from_the_report(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / RECIPE_FILE).write_text(f"{RECIPE_HEADER}recipes/tiny.yaml{RECIPE_HEADER_END}\nmax_steps: 2\n")
+    (out / HISTORY_FILE).write_text(json.dumps([{"step": 1, "reward": 0.25}]))
+    assert report.main([str(out)]) == 0
+    manifest = json.loads((out / RUN_MANIFEST).read_text())
+    assert manifest["written_by"] == "hf_grpo" and manifest["version"]
+    assert (out / SUMMARY_FILE).is_file() and CARD_MARKER in (out / CARD_FILE).read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -262,3 +326,29 @@ def test_recipes_cp_into_a_new_folder(tmp_path, monkeypatch, capsys):
     line = one_error(capsys.readouterr().err, "hf-grpo recipes: error: ")
     assert "folder missing does not exist" in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["newdir"]
+
+
+def test_training_and_saving_leave_a_readme_in_the_run_as_it_is(tmp_path):
+    """TRL wrote its draft card over output_dir's README.md at every checkpoint, and PEFT's save rewrote README.md
+    before the card code decided to leave it alone: neither writes one now (the run's card is hf_grpo.card's)."""
+    from .helpers.trainers import make_trainer
+
+    out = claim(tmp_path / "run")
+    (out / CARD_FILE).write_text(USER_README)
+    trainer = make_trainer(out, max_steps=1, save_strategy="steps", save_steps=1, max_completion_length=4)
+    trainer.train()
+    trainer.save_model(str(out))
+    assert (out / "checkpoint-1" / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert (out / CARD_FILE).read_text() == USER_README
+    assert not (out / "checkpoint-1" / CARD_FILE).exists()
+
+
+def test_eval_output_never_replaces_a_runs_own_records(tmp_path, capsys):
+    """``--output run/eval_after.jsonl`` replaced the records the run's report and paired gain read."""
+    out = fake_run(tmp_path / "run")
+    records = out / "eval_after.jsonl"
+    records.write_text(json.dumps(RECORD) + "\n")
+    assert evaluate.main([str(tmp_path / "no-such-model"), "--output", str(records)]) == 2
+    line = one_error(capsys.readouterr().err, "hf_grpo.evaluate: error: ")
+    assert f"--output {records} is a record file of the run in {out}" in line, line
+    assert records.read_text() == json.dumps(RECORD) + "\n"

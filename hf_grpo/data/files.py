@@ -26,11 +26,12 @@ def is_local_file(name: str) -> bool:
 
 @contextlib.contextmanager
 def cache_must_be_writable():
-    """A datasets cache that cannot be written (a read-only ``HF_HOME``) as a ``ValueError`` naming it and the fix."""
+    """A datasets cache that cannot be written (a read-only ``HF_HOME``, or one under a file) as a ``ValueError``
+    naming it and the fix."""
     try:
         yield
     except OSError as exc:
-        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):  # (under a file)
             raise
         raise ValueError(
             f"cannot write the datasets cache ({exc.strerror}: {exc.filename}): set HF_DATASETS_CACHE (or HF_HOME) "

@@ -11,11 +11,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
 from .. import local_models
+from ..run_files import EVAL_RECORDS, is_run_folder
 
 
 WEIGHTS_FIX = "a save, copy or download was cut short: save, copy or download it again"
@@ -184,6 +186,11 @@ def check_output(output: str | None) -> None:
         raise ValueError(f"--output {output}: directory {folder} does not exist; create it or pass another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"--output {output}: directory {folder} is not writable; pass another path")
+    if re.fullmatch(EVAL_RECORDS.format(label=".+"), path.name) and is_run_folder(folder):
+        raise ValueError(
+            f"--output {output} is a record file of the run in {folder} (its report and paired gain read it), so it "
+            "is not replaced; pass a path outside the run's folder, or another name"
+        )
     if path.is_file() and path.stat().st_size > 0 and not _holds_records(path):
         raise ValueError(
             f"--output {output} exists and holds no per-problem records of an evaluation, so it is not replaced; "

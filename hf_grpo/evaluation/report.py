@@ -6,19 +6,32 @@ them with the model card from a finished run's files::
 ``hf_grpo.pipeline`` calls ``write_report`` with the run's result in memory after training; ``main`` reads it with
 ``hf_grpo.results.RunResult.load`` and writes the figure, ``summary.md`` and ``README.md`` (the model card) again.
 Neither replaces a ``summary.md`` or ``README.md`` hf_grpo did not write; ``main`` refuses, before writing anything, a
-folder that holds no run (``run_files.is_run_folder``) and a run whose ``summary.md`` or ``README.md`` is the user's.
+folder that holds no run (``run_files.is_run_folder``) and a run whose ``summary.md`` or ``README.md`` is the user's,
+and finishes a run that trained to the end but lacks its after-evaluation (``hf_grpo.finishing``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from ..card import CARD_FILE, CARD_SIGNS, write_local_card
+from ..finishing import finishing_command
 from ..results import RunFileError, RunResult, as_run_result
-from ..run_files import PLOT_FILE, SUMMARY_FILE, foreign_file, is_run_folder, replacing, write_text
+from ..run_files import (
+    PLOT_FILE,
+    RUN_MANIFEST,
+    SUMMARY_FILE,
+    claim,
+    foreign_file,
+    is_run_folder,
+    replacing,
+    write_text,
+)
 from .plot import plot_training
 from .summary import summary_markdown
 
@@ -47,8 +60,8 @@ def report_problem(output_dir: Path) -> str | None:
     ``README.md`` of the user's that it would replace; None when it may."""
     if not is_run_folder(output_dir):
         return (
-            f"{str(output_dir)!r} holds no hf_grpo run (no recipe.yaml, versions.json or training_history.json "
-            "written by a run): pass the output_dir of a run; nothing was written"
+            f"{str(output_dir)!r} holds no hf_grpo run (no {RUN_MANIFEST}, which a run writes first): pass the "
+            "output_dir of a run; nothing was written"
         )
     for name, signs in ((SUMMARY_FILE, SUMMARY_SIGNS), (CARD_FILE, CARD_SIGNS)):
         user_file = foreign_file(output_dir / name, signs)
@@ -81,6 +94,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.evaluatio
     except RunFileError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    finish = finishing_command(run)
+    if finish is not None:  # trained to the end, stopped in its evaluation after training: the resume finishes it
+        say = f"{parser.prog}: the run lacks its after-evaluation; finishing it: {shlex.join(finish)}"
+        print(say, file=sys.stderr)  # noqa: T201
+        return subprocess.call(finish)
+    claim(args.output_dir)  # an earlier version's run gets its manifest
     print(write_report(run))  # noqa: T201
     print(write_local_card(run))  # noqa: T201
     return 0

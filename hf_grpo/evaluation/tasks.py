@@ -58,6 +58,13 @@ def in_step(trainer) -> bool:
     return trainer is not None and trainer.accelerator.num_processes > 1 and sharded(trainer)
 
 
+def summarize(records: list[dict]) -> dict:
+    """An evaluation's summary from its per-problem records: accuracy, a count per grade, total."""
+    n = len(records)
+    counts = {g: sum(r["grade"] == g for r in records) for g in EVAL_GRADES}
+    return {"accuracy": counts["correct"] / n if n else 0.0, **counts, "total": n}
+
+
 class TaskEvaluator:
     """Greedy held-out accuracy of a policy, graded in worker processes with a hard per-completion timeout.
 
@@ -128,8 +135,7 @@ class TaskEvaluator:
                 record["index"] = index
         records = {r["index"]: r for r in gather_object(result.records)}  # padding repeats the last index
         records = [records[i] for i in range(n)]
-        counts = {g: sum(r["grade"] == g for r in records) for g in EVAL_GRADES}
-        summary = {"accuracy": counts["correct"] / n if n else 0.0, **counts, "total": n}
+        summary = summarize(records)
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             with open(self.output_dir / EVAL_RECORDS.format(label=label), "w") as f:
@@ -139,11 +145,24 @@ class TaskEvaluator:
                 "%d grading errors of %d), generated on %s",
                 label,
                 summary["accuracy"],
-                *counts.values(),  # in EVAL_GRADES order: correct, wrong, unparseable, timeout, error
+                *(summary[g] for g in EVAL_GRADES),  # correct, wrong, unparseable, timeout, error
                 n,
                 describe(device),
             )
         return summary
+
+    def recorded(self, label: str) -> dict | None:
+        """The summary of the evaluation ``label`` from its per-problem records in ``output_dir``, when they cover
+        the whole held-out set (a resumed run's ``before``: the base policy is the same); else None."""
+        try:
+            lines = (self.output_dir / EVAL_RECORDS.format(label=label)).read_text(encoding="utf-8").splitlines()
+            records = [json.loads(line) for line in lines if line.strip()]
+        except (OSError, ValueError):
+            return None
+        if sorted(r.get("index") for r in records if isinstance(r, dict)) != list(range(len(self.dataset))):
+            return None
+        logger.info("held-out accuracy (%s): from the run's records, %s", label, self.output_dir)
+        return summarize(records)
 
     def _generate_and_grade(self, model, tokenizer, subset, trainer, options: dict):
         """(EvalResult, device it generated on) of this process's ``subset``: through the trainer's unwrapped model

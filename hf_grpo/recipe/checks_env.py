@@ -20,7 +20,7 @@ from ..data.loaders import PRESETS, DataArguments, is_local_file, source_splits
 from ..evaluation.checks import check_hub_id
 from ..generation.layout import GenerationArguments
 from ..hardware import MINIATURE_HINT, hardware_problems
-from ..hub_token import env_token
+from ..hub_token import env_token, hub_timeout
 from ..process_layout import Layout
 from .schema import RecipeError, key_defaults
 
@@ -63,6 +63,10 @@ def check_push(values: dict, env: dict[str, str]) -> None:
             "push_to_hub: true but there is no Hugging Face token in the environment, so the push after "
             "training would fail: export HF_TOKEN=hf_... (write access) before the run, or set push_to_hub: false"
         )
+    try:
+        hub_timeout()
+    except ValueError as exc:
+        raise RecipeError(f"push_to_hub: true, but {exc}") from None
     offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _is_set(name, env)]
     if offline:
         raise RecipeError(
