@@ -20,7 +20,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .data.loaders import ALIASES, EMBEDDED, PRESETS
-from .evaluation.summary import eval_table, gain_interval, gain_sentence
+from .evaluation.summary import eval_table, gain_interval, gain_sentence, kinds_markdown, watch_markdown
 from .local_models import PACKAGED_MODELS
 from .recipe import load_yaml
 from .results import RunResult, as_run_result, run_kind
@@ -304,6 +304,8 @@ def _evaluation(run: RunResult) -> dict | None:
         "grading": f" A completion counts as correct when {GRADING[task]}." if task in GRADING else "",
         "table": eval_table(run.evaluations, run.gain),
         "verdict": gain_sentence(run.gain) if run.gain is not None else None,
+        # per kind of problem, and the run watch's findings and the adapter it kept (as in summary.md)
+        "more": "\n".join([*kinds_markdown(run.evaluations.get("kinds") or {}), *watch_markdown(run.evaluations)]),
     }
 
 

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 EXHAUSTED_POLICIES = ("fill", "error")
+STOP_REASONS = ("degraded", "plateau")  # stop_on (hf_grpo.watch)
+WATCH_FLOORS = ("entropy", "completion_length", "signal")  # watch_floors (hf_grpo.watch)
 
 
 @dataclass
@@ -150,6 +152,25 @@ class HfGRPOConfig(GRPOConfig):
             Keep only the `k` checkpoints with the best held-out accuracy (NeMo RL's `keep_top_k`); every saved
             checkpoint is scored by the task evaluation of its step, so `save_steps` must be a multiple of
             `task_eval_steps`. Scores are in `output_dir/checkpoint_scores.json`. Replaces `save_total_limit`.
+
+        > Run watch (`hf_grpo/watch.py`, docs/watch.md)
+
+        watch (`bool`, defaults to `True`):
+            Watch the run's logged signals and its evaluations: report collapse, reward hacking and forgetting, and
+            keep the best evaluated adapter (by paired comparison) when it beats the last one.
+        stop_on (`list[str]`, defaults to `[]`):
+            End the run cleanly on `degraded` (a finding of the watch) and/or `plateau` (the last
+            `watch_plateau_evals` evaluations gained nothing over the best one).
+        watch_patience (`int`, defaults to `2`):
+            Logged steps in a row a collapse signal must hold before it is a finding.
+        watch_reward_drop (`float`, defaults to `0.5`):
+            Collapse of the training reward: its two-step mean below this share of its best two-step mean (and at
+            least 0.1 below it).
+        watch_floors (`dict`, *optional*):
+            Collapse floors: `entropy` (nats per token), `completion_length` (tokens), `signal` (the share of groups
+            whose rewards differ); a signal under its floor for `watch_patience` steps is a finding.
+        watch_plateau_evals (`int`, defaults to `3`):
+            Evaluations without a gain whose paired interval is above 0 that make a plateau (`stop_on: [plateau]`).
     """
 
     dynamic_sampling: bool = field(
@@ -199,6 +220,22 @@ class HfGRPOConfig(GRPOConfig):
     keep_top_k: int | None = field(
         default=None, metadata={"help": "Keep only the k checkpoints with the best held-out accuracy."}
     )
+    watch: bool = field(
+        default=True, metadata={"help": "Report collapse, hacking and forgetting; keep the best adapter."}
+    )
+    stop_on: list[str] = field(
+        default_factory=list, metadata={"help": "End the run on `degraded` (a watch finding) and/or `plateau`."}
+    )
+    watch_patience: int = field(default=2, metadata={"help": "Steps in a row a collapse signal must hold."})
+    watch_reward_drop: float = field(
+        default=0.5, metadata={"help": "Collapse: the reward's 2-step mean under this share of its best."}
+    )
+    watch_floors: dict[str, float] | None = field(
+        default=None, metadata={"help": "Collapse floors: entropy, completion_length, signal (share of groups)."}
+    )
+    watch_plateau_evals: int = field(
+        default=3, metadata={"help": "Evaluations without a significant gain that make a plateau."}
+    )
 
     def __post_init__(self):
         # TRL turns an unset bf16 into True, which fails on a machine without a bf16-capable GPU; resolve it from the
@@ -244,8 +281,23 @@ class HfGRPOConfig(GRPOConfig):
                 )
             if self.save_total_limit is not None:
                 raise ValueError("keep_top_k replaces save_total_limit: set only one")
+        self._check_watch()
         if self.advantage_estimator == "rloo" and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("advantage_estimator='rloo' needs multi_objective_aggregation='sum_then_normalize'")
+
+    def _check_watch(self) -> None:
+        unknown = sorted(set(self.stop_on or []) - set(STOP_REASONS))
+        if unknown:
+            raise ValueError(f"stop_on takes {list(STOP_REASONS)}, not {unknown}")
+        floors = sorted(set(self.watch_floors or {}) - set(WATCH_FLOORS))
+        if floors:
+            raise ValueError(f"watch_floors takes {list(WATCH_FLOORS)}, not {floors}")
+        if self.stop_on and not self.watch:
+            raise ValueError(f"stop_on {self.stop_on} needs watch: true (the watch decides when to stop)")
+        if "plateau" in (self.stop_on or []) and self.task_eval_steps < 1:
+            raise ValueError("stop_on: [plateau] needs task_eval_steps >= 1 (a plateau is seen in the evaluations)")
+        if self.watch_patience < 1 or self.watch_plateau_evals < 1 or not 0 < self.watch_reward_drop < 1:
+            raise ValueError("watch_patience and watch_plateau_evals must be >= 1, watch_reward_drop in (0, 1)")
 
     @cached_property
     def _setup_devices(self) -> torch.device:

@@ -26,13 +26,13 @@ from .checkpoints import (
 )
 from .data import load_grpo_datasets
 from .data.lengths import fit_prompts, prompt_budget
-from .data.loaders import eval_grader, is_conversation, is_local_file, source_splits
+from .data.loaders import eval_grader, is_conversation
 from .evaluation.report import write_report
-from .evaluation.stats import gain_from_run
-from .finishing import lacking, load_trained_weights, trained_weights
+from .finishing import lacking, trained_weights
 from .hub import push as push_to_hub
 from .launch import SERVER_STARTED_ENV, apply_thread_policy
 from .miniature import activate
+from .phases import train_and_evaluate
 from .progress import enabled_for
 from .recipe import Recipe, RecipeError
 from .recipe.plan import check_rows
@@ -40,10 +40,9 @@ from .recipe.schema import key_defaults
 from .recipe.yaml12 import load_yaml
 from .results import RunResult, library_versions
 from .rewards import load_reward_funcs
-from .rewards.wrapper import RewardFailedError
-from .run_files import EVAL_FILE, RECIPE_FILE, RECIPE_HEADER, RECIPE_HEADER_END, VERSIONS_FILE, RunFolderError, claim
+from .run_files import RECIPE_FILE, RECIPE_HEADER, RECIPE_HEADER_END, VERSIONS_FILE, RunFolderError, claim
 from .run_lock import RunLockError, acquire, check_free, release
-from .trackers import TrackerSetup, log_evaluation, setup_trackers
+from .trackers import TrackerSetup, setup_trackers
 
 
 logger = logging.getLogger("hf_grpo")
@@ -233,7 +232,7 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
         )
 
     on_failure = lambda: write_report(result_of(None))  # noqa: E731
-    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure, trained)
+    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure, trained, history)
     if trainer.accelerator.is_main_process:
         result = result_of(results)
         write_outputs(result, trainer, trackers)
@@ -399,84 +398,9 @@ def _server_generator(recipe: Recipe):
     )
 
 
-def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, on_failure, trained=None) -> dict:
-    """Evaluate before, train (with the periodic evaluation), save, evaluate after; returns ``eval_results.json``'s
-    content (empty without the before/after evaluation), which the main process writes. ``on_failure`` runs on the
-    main process when a broken reward stops training (the report then shows the run up to there). ``trained``: the
-    folder of the run's trained weights (``finished_run``: its checkpoint at max_steps, or ``output_dir``), loaded
-    instead of training (transformers' resume at max_steps would train one step more)."""
-    args, results = recipe.training, {}
-    before_after = evaluator is not None and args.eval_before_after
-    tokenizer = trainer.processing_class
-    if before_after:
-        # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
-        # shards, and only the trainer's unwrap gathers them for generation. A resumed run has its records.
-        recorded = evaluator.recorded("before") if resume is not None or trained is not None else None
-        results["before"] = recorded or evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
-    if recipe.model.warm_starts_pretrained and resume is None and trained is None:
-        from .warm_start import warm_start_policy  # torch: loaded when a run starts, not for --help
-
-        warm_start_policy(trainer, recipe.model)  # after "before": the gain counts it (the tiny model's is its base)
-    if evaluator is not None and args.task_eval_steps > 0:
-        trainer.add_callback(evaluator.callback(trainer, log_evaluation))
-    try:
-        if trained is not None:
-            load_trained_weights(trainer, trained)
-        else:
-            trainer.train(resume_from_checkpoint=resume)
-    except RewardFailedError:
-        if trainer.accelerator.is_main_process:
-            on_failure()
-        raise
-    trainer.save_model(args.output_dir)
-    if before_after:
-        results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
-    if evaluator is not None:
-        evaluator.close()
-    if results and trainer.accelerator.is_main_process:
-        from .evaluation.history import write_json  # see save_recipe
-
-        results["gain"] = paired_gain_of_run(args.output_dir)
-        results["settings"] = eval_settings(recipe, evaluator)
-        write_json(Path(args.output_dir) / EVAL_FILE, results)
-        logger.info(
-            "held-out accuracy: before %.3f, after %.3f", results["before"]["accuracy"], results["after"]["accuracy"]
-        )
-    return results
-
-
 def write_outputs(run: RunResult, trainer, trackers: TrackerSetup) -> None:
     """The report, the trackers' story and the model card, all from ``run`` (main process)."""
     write_report(run)
     trackers.log_story(trainer, run)  # before/after, gain, plot and recipe to wandb / trackio / tensorboard
     write_local_card(run)  # our model card replaces the blank README.md PEFT's save_pretrained leaves
     logger.info("outputs in %s", run.output_dir)
-
-
-def eval_settings(recipe: Recipe, evaluator) -> dict:
-    """How the held-out numbers were measured, recorded beside them in ``eval_results.json``.
-
-    ``dataset`` is a hub id or preset name as the recipe gives it; a local file is recorded by its file name only, so
-    nothing machine-specific reaches the Hub card.
-    """
-    spec, split = source_splits(recipe.data).get("eval", (recipe.data.resolved(), "train (eval_split_size)"))
-    name = spec["name"]
-    return {
-        "task": evaluator.task,
-        "dataset": Path(name).name if is_local_file(name) else name,
-        "dataset_config": spec["config"],
-        "split": split,
-        "num_problems": len(evaluator.dataset),
-        "decoding": "greedy",
-        "max_new_tokens": evaluator.max_new_tokens,
-        "prompt_style": recipe.data.prompt_style,
-    }
-
-
-def paired_gain_of_run(output_dir: str) -> dict | None:
-    """The paired before/after difference with its 95% interval, from the run's per-problem records."""
-    try:
-        return gain_from_run(output_dir)
-    except ValueError as exc:  # records that cannot be paired: the report leaves the interval out
-        logger.warning("no paired before/after interval: %s", exc)
-        return None

@@ -1,5 +1,6 @@
 """Checkpoint completeness: the manifest written after every process has saved, and which
-checkpoint ``resume_from_checkpoint`` takes when the newest one is incomplete, damaged or from another process count."""
+checkpoint ``resume_from_checkpoint`` takes when the newest one is incomplete, damaged or from another process count.
+A real launch signalled mid-checkpoint, whose resume skips the half-written checkpoint: tests/test_launch_resume.py."""
 
 from __future__ import annotations
 
@@ -7,19 +8,13 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hf_grpo.checkpoints import MANIFEST, CheckpointError, newest_complete, problem, resolve_resume
-from hf_grpo.launch import free_port
 
-from .helpers.common import REPO, run_module
-from .helpers.launching import COMMON, FIXTURE_SERVE, RUN_MARK, kill_marked, launched, marked_processes, wait_until
+from .helpers.common import run_module
 from .helpers.trainers import make_trainer
 
 
@@ -147,71 +142,6 @@ def test_the_cli_refuses_a_damaged_checkpoint_before_loading_anything(run_dir):
     errors = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
     assert len(errors) == 1 and str(damaged) in errors[0] and "checkpoint-2" in errors[0]
     assert "Traceback" not in result.stderr and "warm" not in result.stderr.lower()
-
-
-# the slow_checkpoint sitecustomize, then tests/scripts for the patch_on_import it imports
-SLOW_SAVE_PATH = os.pathsep.join(
-    [str(REPO / "tests" / "scripts" / "slow_checkpoint"), str(REPO / "tests" / "scripts")]
-)
-
-
-@pytest.mark.distributed
-@pytest.mark.subprocess
-@pytest.mark.slow  # three whole launches (about 90 s)
-def test_a_run_signalled_in_server_start_up_or_mid_checkpoint_leaves_nothing_and_resumes(policy_dir, tmp_path):
-    """SIGTERM of the launcher while the vLLM server starts, then while the
-    training processes write a checkpoint, leaves no process; ``auto`` then skips the half-written checkpoint (the
-    old resume picked it and failed on its missing trainer_state.json) and continues from the previous one."""
-    mark = f"ckpt-{os.getpid()}-{time.monotonic_ns()}"
-    out, flag = tmp_path / "run", tmp_path / "saving"
-    command = [
-        sys.executable, "-m", "hf_grpo.train", *COMMON, "--model_name_or_path", str(policy_dir), "--output_dir",
-        str(out), "--save_strategy", "steps", "--save_steps", "2", "--num_processes", "2",
-        "--generation.backend", "vllm_server", "--generation.server_timeout", "120", "--eval_before_after", "false",
-    ]  # fmt: skip
-    env = {**os.environ, RUN_MARK: mark, "OMP_NUM_THREADS": "1"}
-
-    def signalled(extra, env, ready):
-        with launched(
-            [*command, *extra, "--generation.port", str(free_port())],
-            mark, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        ) as launcher:  # fmt: skip
-            assert wait_until(lambda: ready() or launcher.poll() is not None, 240), marked_processes(mark)
-            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
-            launcher.send_signal(signal.SIGTERM)
-            assert launcher.wait(timeout=120) == 130
-            assert wait_until(lambda: not marked_processes(mark), 15), marked_processes(mark)
-
-    # 1. While the server starts (a server that never becomes healthy: a large model still loading)
-    never_healthy = f"[{sys.executable}, -c, 'import time; time.sleep(600)']"
-    signalled(
-        ["--max_steps", "500", "--generation.serve_command", never_healthy],
-        env,
-        lambda: any("sleep(600)" in c and "hf_grpo" not in c for c in marked_processes(mark).values()),  # not argv
-    )
-    assert not list(out.glob("checkpoint-*"))
-    # 2. While both training processes write checkpoint-4 (checkpoint-2 is complete)
-    signalled(
-        ["--max_steps", "500", "--generation.serve_command", FIXTURE_SERVE],
-        {**env, "PYTHONPATH": SLOW_SAVE_PATH, "HF_GRPO_TEST_SLOW_SAVE": str(flag)},
-        flag.exists,
-    )
-    assert flag.read_text() == str(out / "checkpoint-4")
-    assert problem(out / "checkpoint-2", 2) is None
-    assert (out / "checkpoint-4" / "optimizer.pt").is_file() and not (out / "checkpoint-4" / MANIFEST).exists()
-    # 3. The same command resumes from checkpoint-2 and saves a complete checkpoint-4
-    resumed = subprocess.run(
-        [*command, "--max_steps", "6", "--generation.serve_command", FIXTURE_SERVE,
-         "--generation.port", str(free_port()), "--resume_from_checkpoint", "auto"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    kill_marked(mark)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"skipping {out / 'checkpoint-4'}" in resumed.stderr
-    assert f"resuming from {out / 'checkpoint-2'}" in resumed.stderr
-    history = json.loads((out / "training_history.json").read_text())
-    assert [r["step"] for r in history if "reward" in r][-4:] == [3, 4, 5, 6]
-    assert problem(out / "checkpoint-4", 2) is None and problem(out / "checkpoint-6", 2) is None
 
 
 def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_path):

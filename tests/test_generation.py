@@ -20,15 +20,6 @@ from hf_grpo.train import main
 
 from .helpers import reward_scripts
 from .helpers.fake_vllm_server import start_in_thread
-from .helpers.launching import (  # noqa: F401 (other test modules import these from here)
-    COMMON,
-    FIXTURE_SERVE,
-    RUN_MARK,
-    free_port,
-    kill_marked,
-    marked_processes,
-    wait_until,
-)
 from .helpers.trainers import make_server_trainer
 
 

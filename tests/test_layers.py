@@ -39,7 +39,7 @@ LAYERS = [
     ],
     ["launch", "miniature"],
     ["recipe"],
-    ["trainer", "eta", "evaluation.tasks"],
+    ["trainer", "eta", "evaluation.tasks", "watch"],
     [
         "results",
         "evaluation.report",
@@ -49,7 +49,7 @@ LAYERS = [
         "trackers",
         "hub",
         "pipeline",
-        "finishing",
+        "finishing", "phases",
     ],
     ["train", "evaluate", "evaluation.cli", "cli", ""],
 ]

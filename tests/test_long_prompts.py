@@ -186,6 +186,7 @@ def test_a_dataset_with_long_prompts_trains_to_the_end_through_a_server(policy_d
             [
                 "recipes/tiny.yaml",
                 "--model_name_or_path", str(policy_dir),
+                "--warm_start_steps", "0",  # the tiny recipe's 300 would warm-start this pretrained policy (60 s)
                 "--dataset_name", str(data),
                 "--prompt_column", "question",
                 "--solution_column", "answer",

@@ -6,13 +6,14 @@ The runs themselves are in tests/test_miniatures.py (marker ``miniature``).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 import yaml
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets, source_splits
 from hf_grpo.hardware import this_machine
@@ -33,6 +34,7 @@ from hf_grpo.train import main
 
 from .helpers.common import REPO
 from .helpers.launching import free_port
+from .helpers.miniature_server import serve_command
 
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -114,7 +116,8 @@ def test_the_tiny_model_behind_a_server_is_refused_and_its_miniature_gets_a_mode
     swapped = {s.key: s for s in recipe.miniature.swaps}["model_name_or_path"]
     assert swapped.before == "tiny" and "qwen2" in swapped.after and "the embedded tiny model" in swapped.why
     assert main([*argv, "--miniature", "--dry-run"]) == 0
-    assert "hf_grpo.vllm_standin " + swapped.after in capsys.readouterr().out  # the server loads that folder
+    served = serve_command(recipe.model.use_peft, {}, swapped.after)  # the stand-in, or vLLM's CPU build if installed
+    assert served in capsys.readouterr().out  # the server loads that folder
     plain, _ = load_recipe(["recipes/tiny.yaml", "--miniature"], for_run=False)  # in-process: still built there
     assert plain.model.model_name_or_path == "tiny"
 
@@ -227,16 +230,41 @@ def test_assets_have_the_family_the_schema_and_a_warm_started_format(tmp_path, m
     assert grades.count("unparseable") <= 4, outs[:4]  # the warm start taught the r1_zero format
 
 
-@pytest.mark.slow  # two processes build and warm-start the model side by side (about 60 s on 2 cores)
+# One process of a 2-process gloo group (argv: rank, port, cache folder): builds the miniature's assets into its own
+# cache, as each machine of a multi-node miniature does, and prints the model folder's files. Two warm-start steps
+# (the assets' 200 teach the answer format: test_assets_have_the_family_the_schema_and_a_warm_started_format): what
+# is checked is where the files land, and the two-node miniature (tests/test_two_nodes.py) builds full ones per node.
+NODE_CACHE_SCRIPT = """
+import datetime, os, sys
+
+import torch.distributed as dist
+
+from hf_grpo.miniature import assets
+
+rank, port, cache = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, HF_GRPO_CACHE=cache)
+assets.WARM_START_STEPS = 2
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+splits = (assets.SplitSpec("train", "openai/gsm8k", "train", "question", "answer", "gsm8k"),)
+spec = assets.AssetSpec("llama", 0, assets.PromptFormat(prompt_style="r1_zero"), "r1_zero", splits)
+built = assets.ensure_assets(spec)
+print("files:", " ".join(sorted(p.name for p in built.model_dir.iterdir())))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # two processes import torch and build the assets side by side
 @pytest.mark.subprocess
 def test_every_machine_builds_a_complete_cache_whatever_its_rank(tmp_path):
     """Each machine of a multi-node miniature builds the assets into its own cache, inside a started process group:
     the machine whose processes are not global rank 0 gets the model too (transformers' save_pretrained writes
     nothing there), so it loads and trains like the main one."""
     port, caches = str(free_port()), [tmp_path / "node0", tmp_path / "node1"]
-    script = REPO / "tests" / "scripts" / "node_cache_check.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, "-c", NODE_CACHE_SCRIPT]
     runs = [
-        subprocess.Popen([sys.executable, str(script), str(rank), port, str(cache)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen([*script, str(rank), port, str(cache)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
         for rank, cache in enumerate(caches)
     ]
     outputs = [run.communicate(timeout=600)[0] for run in runs]
@@ -246,6 +274,7 @@ def test_every_machine_builds_a_complete_cache_whatever_its_rank(tmp_path):
     for cache in caches:
         (model_dir,) = cache.glob("miniature/*/model")
         assert AutoConfig.from_pretrained(model_dir).architectures == ["LlamaForCausalLM"]
+        AutoModelForCausalLM.from_pretrained(model_dir)  # complete: every weight is there (it raises otherwise)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)

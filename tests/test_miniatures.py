@@ -1,11 +1,13 @@
 """Every file in recipes/ runs in miniature, as a user runs it: ``python -m hf_grpo.train RECIPE --miniature``.
 
 A miniature keeps the recipe's accelerate config (ZeRO-3 with zero3_init_flag, ZeRO-2 with CPU offload, two
-simulated machines), its generation layout (the CPU stand-ins for ``vllm serve`` and for TRL's colocated
-``vllm.LLM``, started and stopped by the same launcher), rewards, loss, advantage estimator, dynamic sampling,
-before/after evaluation and checkpoints; it swaps the model, the data and the sizes (``hf_grpo.miniature``). Each
-test trains two steps with two processes, checks what the recipe promises, then resumes from the last checkpoint
-for one more step. Recipes are discovered by glob, so a new recipe is covered the day it is added.
+simulated machines), its generation layout (vLLM's CPU build or the CPU stand-in for ``vllm serve``, and the stand-in
+for TRL's colocated ``vllm.LLM``, started and stopped by the same launcher), rewards, loss, advantage estimator,
+dynamic sampling, before/after evaluation and checkpoints; it swaps the model, the data and the sizes
+(``hf_grpo.miniature``). Each test trains two steps with two processes, checks what the recipe promises, then
+resumes from the last checkpoint for one more step. Recipes are discovered by glob, so a new recipe is covered the
+day it is added. qwen7b.yaml's resumed step trains on a reward with a learning signal in every group: its ZeRO-3
+full fine-tune must move every weight there.
 
 Run with ``python -m pytest --tier 2`` (CI runs this tier after the default one; ``-m miniature`` runs only these).
 """
@@ -21,12 +23,19 @@ import yaml
 from safetensors.torch import load_file
 
 from .helpers.common import REPO, run_module
+from .helpers.miniature_server import adapters_loaded, serve_command, serves_real_vllm
 
 
 pytestmark = [pytest.mark.miniature, pytest.mark.subprocess, pytest.mark.slow]
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 TIMEOUT = 900
+# A reward with a learning signal in every group, whatever the policy writes (it needs the whole batch in one call)
+ORDINAL = ["--reward_funcs", "tests.scripts.ordinal_reward:ordinal", "--reward_isolation", "false"]
+# Recipes whose resumed step trains on ORDINAL: a full fine-tune there must move every weight, which the recipe's own
+# reward cannot promise of the tiny policy (assert_trained). qwen7b.yaml: ZeRO-3 (zero3_init_flag), its checkpoint
+# loaded and its optimizer stepping every shard.
+EVERY_WEIGHT_MOVES = {"qwen7b.yaml"}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +49,12 @@ def train(*args: str, env: dict) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
+def history_of(out) -> list[dict]:
+    return [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+
+
 def history_steps(out) -> list[int]:
-    return [r["step"] for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    return [r["step"] for r in history_of(out)]
 
 
 def recipe_values(recipe) -> dict:
@@ -61,8 +74,8 @@ def assert_trained(out, values: dict, history: list[dict]) -> None:
     one of its two steps' groups got differing rewards: the built 2-layer model answers about a third of the held-out
     problems right, and on some random streams every sample of both steps scored the same (a full fine-tune on one
     machine's floating-point path; qwen1.5b-gsm8k-8gb's LoRA once HF generate drew one uniform per row). Without such
-    a group the weights must stay exactly as built, with gradient norm 0; test_zero3_full_fine_tune_moves_every_weight
-    and the dynamic-sampling recipes then show the same setups moving their weights."""
+    a group the weights must stay exactly as built, with gradient norm 0; the resumed step of EVERY_WEIGHT_MOVES and
+    the dynamic-sampling recipes then show the same setups moving their weights."""
     signal = any(r["frac_reward_zero_std"] < 1 for r in history)  # a group with a learning signal
     if values.get("use_peft"):
         adapter = load_file(out / "adapter_model.safetensors")
@@ -80,29 +93,28 @@ def assert_trained(out, values: dict, history: list[dict]) -> None:
 
 
 def assert_generation_layout(out, values: dict, log: str) -> None:
+    """The generation layout ran as the recipe says: a server the launcher started, served the model, synced to
+    every optimizer step and stopped (real vLLM or the stand-in, whichever serves here), or TRL's colocated engine
+    (the stand-in package). ``values``: the resolved recipe (``recipe.yaml``)."""
     generation = values.get("generation") or {}
     backend = generation.get("backend")
     if backend == "vllm_server":
         server_log = (out / "vllm_server.log").read_text()
+        real = serves_real_vllm(values.get("use_peft"), generation)
+        assert serve_command(values.get("use_peft"), generation, values["model_name_or_path"]) in log, log[-6000:]
         pid = int(re.search(r"stopping the vLLM server \(pid (\d+)\)", log).group(1))
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # the launcher stopped the server
         if values.get("use_peft"):
-            loaded = re.findall(r"loaded LoRA adapter (policy-\d+)", server_log)
-            assert len(loaded) >= 2, server_log[-2000:]  # one adapter per optimizer step
-        else:
+            assert len(adapters_loaded(server_log, real)) >= 2, server_log[-2000:]  # one adapter per optimizer step
+        else:  # full sync: the stand-in (vLLM's CPU build cannot receive TRL's NCCL transfer)
             assert len(re.findall(r"loaded \d+ tensors .* from the trainer", server_log)) >= 2, server_log[-2000:]
     elif backend == "vllm_colocate":
         assert "CPU stand-in for vllm.LLM" in log
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
-    values = recipe_values(recipe)
-    out = tmp_path / "run"
-    code, log = train(str(recipe), "--miniature", "--output_dir", str(out), env=cache_env)
-    assert code == 0, log[-6000:]
-
+def assert_first_run(out, values: dict, log: str) -> dict:
+    """What a recipe's miniature promises after its two steps; returns the resolved recipe (``recipe.yaml``)."""
     assert "training on 2 process(es)" in log
     warm = values.get("warm_start_steps", 0) if values.get("model_name_or_path") != "tiny" else 0
     if warm:  # a pretrained policy's warm start, on both processes (then process 0's weights everywhere)
@@ -113,7 +125,7 @@ def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
     if values.get("num_machines", 1) > 1:
         assert "--machine_rank 1" in log or len(re.findall(r"training on 2 process", log)) == 2
     assert history_steps(out) == [1, 2]
-    history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    history = history_of(out)
     for name in values.get("reward_funcs", ["gsm8k_correctness"]):
         assert f"rewards/{name.rpartition(':')[2]}/mean" in history[0], name
     if values.get("dynamic_sampling"):
@@ -131,55 +143,57 @@ def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
         assert results[phase]["correct"] + results[phase]["wrong"] + results[phase]["unparseable"] == 16
     assert_trained(out, values, history)
     assert_generation_layout(out, resolved, log)
+    return resolved
+
+
+def assert_every_weight_moved(out, before: dict) -> None:
+    """The resumed step, trained on ORDINAL (a learning signal in every group), changed every saved weight."""
+    [step] = [r for r in history_of(out) if r["step"] == 3]
+    assert step["frac_reward_zero_std"] == 0 and step["grad_norm"] > 0 and "rewards/ordinal/mean" in step, step
+    after = load_file(out / "model.safetensors")
+    assert set(after) == set(before), "the resumed run saved other weights"
+    unchanged = [name for name, t in before.items() if t.equal(after[name])]
+    assert not unchanged, unchanged
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_recipe_runs_in_miniature_and_resumes(recipe, tmp_path, cache_env):
+    values = recipe_values(recipe)
+    out = tmp_path / "run"
+    code, log = train(str(recipe), "--miniature", "--output_dir", str(out), env=cache_env)
+    assert code == 0, log[-6000:]
+    assert_first_run(out, values, log)
 
     if values.get("save_strategy", "no") == "no":
         return
     assert (out / "checkpoint-2").is_dir()
-    code, log = train(
-        str(recipe),
-        "--miniature",
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "3",
-        "--resume_from_checkpoint",
-        "auto",
-        env=cache_env,
-    )
+    moves = recipe.name in EVERY_WEIGHT_MOVES
+    before = load_file(out / "model.safetensors") if moves else None
+    resume = ["--max_steps", "3", "--resume_from_checkpoint", "auto", *(ORDINAL if moves else [])]
+    code, log = train(str(recipe), "--miniature", "--output_dir", str(out), *resume, env=cache_env)
     assert code == 0, log[-6000:]
     assert f"resuming from {out / 'checkpoint-2'}" in log
     assert "warm start:" not in log  # the checkpoint holds it
     assert history_steps(out) == [1, 2, 3]
-
-
-def test_zero3_full_fine_tune_moves_every_weight(tmp_path, cache_env):
-    """qwen7b.yaml's ZeRO-3 full fine-tune, in miniature, with a reward that always has a learning signal: every
-    weight of the saved model differs from the built one. (The recipe's own reward may give the tiny policy no
-    signal at all, in which case the recipe test above can only check that nothing moved.)"""
-    out = tmp_path / "run"
-    argv = ["--output_dir", str(out), "--max_steps", "1", "--reward_funcs", "tests.scripts.ordinal_reward:ordinal"]
-    argv += ["--reward_isolation", "false"]  # in the training process: the reward sees the whole batch
-    code, log = train(
-        str(REPO / "recipes" / "qwen7b.yaml"), "--miniature", *argv, "--report_to", "none", env=cache_env
-    )
-    assert code == 0, log[-6000:]
-    assert "training on 2 process(es), DEEPSPEED" in log
-    [step] = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
-    assert step["frac_reward_zero_std"] == 0 and step["grad_norm"] > 0, step
-    trained, base = trained_and_built(out)
-    unchanged = [name for name, t in base.items() if t.equal(trained[name])]
-    assert not unchanged, unchanged
+    if moves:
+        changed = f"reward_funcs {values['reward_funcs']!r} -> [{ORDINAL[1]!r}]"
+        assert re.search(r"resume: these keys differ from .*" + re.escape(changed), log), log[-6000:]  # allowed
+        assert_every_weight_moved(out, before)
 
 
 def test_the_tiny_recipe_behind_a_server_trains_the_model_the_server_serves(tmp_path, cache_env):
     """`tiny --miniature` with a vLLM server: the training processes built the embedded tiny model while the server
     served the miniature's model folder, so the first adapter sync failed mid-run with a LoRA size mismatch (at
-    tiny_hidden_size 32; at 64 the shapes agreed by chance and the two sides used different tokenizers)."""
+    tiny_hidden_size 32; at 64 the shapes agreed by chance and the two sides used different tokenizers). Both steps
+    sync an adapter to the server; the before/after evaluation (in the training processes) has no part in it."""
     out = tmp_path / "run"
     argv = ["tiny", "--miniature", "--generation.backend", "vllm_server", "--tiny_hidden_size", "32"]
-    code, log = train(*argv, "--output_dir", str(out), env=cache_env)
+    code, log = train(*argv, "--output_dir", str(out), "--eval_before_after", "false", env=cache_env)
     assert code == 0, log[-6000:]
     assert history_steps(out) == [1, 2]
-    served = yaml.safe_load((out / "recipe.yaml").read_text())["model_name_or_path"]
-    assert f"hf_grpo.vllm_standin {served} " in log
+    resolved = yaml.safe_load((out / "recipe.yaml").read_text())
+    served = resolved["model_name_or_path"]
+    assert serve_command(True, resolved.get("generation"), served) + " " in log, log[-6000:]
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == served
+    real = serves_real_vllm(True, resolved.get("generation"))
+    assert len(adapters_loaded((out / "vllm_server.log").read_text(), real)) >= 2  # the trained adapters fit it

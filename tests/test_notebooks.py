@@ -149,7 +149,7 @@ def plots_shown(nb) -> bool:
 @pytest.mark.notebook
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_quickstart(tmp_path, kernel):
-    nb, params = execute("quickstart.ipynb", tmp_path, kernel, {"MAX_STEPS": 6, "EVAL_SIZE": 48})
+    nb, params = execute("quickstart.ipynb", tmp_path, kernel, {"MAX_STEPS": 3, "EVAL_SIZE": 24})
     out = tmp_path / params["OUTPUT_DIR"]
 
     results = json.loads((out / "eval_results.json").read_text())
@@ -187,7 +187,7 @@ def test_quickstart(tmp_path, kernel):
 @pytest.mark.notebook
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
 def test_custom_reward(tmp_path, kernel):
-    nb, params = execute("custom_reward.ipynb", tmp_path, kernel, {"MAX_STEPS": 10, "EVAL_SIZE": 24})
+    nb, params = execute("custom_reward.ipynb", tmp_path, kernel, {"MAX_STEPS": 3, "EVAL_SIZE": 12})
     out = tmp_path / params["OUTPUT_DIR"]
 
     assert (out / "rewards" / "my_rewards.py").is_file(), "the notebook writes its rewards into its output folder"

@@ -10,7 +10,6 @@ and its conversion (~45 s), into ``$HF_GRPO_CACHE`` (default ``~/.cache/hf_grpo`
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from safetensors.torch import load_file
@@ -20,22 +19,18 @@ from hf_grpo import local_models
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.data.lengths import prompt_lengths
 from hf_grpo.evaluation.core import prompt_token_ids
-from hf_grpo.generation.vllm_install import find_vllm
 
 from .helpers.common import run_module
+from .helpers.real_vllm import ENGINE_START, REAL_VLLM, history, loaded_adapters, server_log
 from .test_long_prompts import trl_prompt_ids
 
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        not find_vllm().runs_on_cpu, reason=f"vLLM's CPU build is not usable: {find_vllm().describe()}"
-    ),
-]
+pytestmark = [pytest.mark.vllm, REAL_VLLM]
 NAME = "smollm2-135m-instruct-q4_1"
 RECIPE = "recipes/smollm2-135m-arith.yaml"
 TIMEOUT = 1200
-# small enough for CI: 2 prompts x 4 samples of at most 24 tokens per step, 12 held-out problems, a checkpoint a step
+# small enough for CI: 2 prompts x 4 samples of at most 24 tokens per step, 12 held-out problems, the checkpoint of
+# step 2 to resume from
 SMALL = [
     "--generation.backend", "vllm_server",  # auto keeps a CPU's generation in-process
     "--num_generations", "4", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
@@ -45,7 +40,7 @@ SMALL = [
     # recipe's rewards, both steps of a CI run had none)
     "--reward_funcs", "[hash_correctness, hash_final_format]", "--reward_weights", "[1.0, 0.2]",
     "--max_generation_batches", "2", "--arithmetic_eval_size", "12", "--per_device_eval_batch_size", "12",
-    "--save_strategy", "steps", "--save_steps", "1",
+    "--save_strategy", "steps", "--save_steps", "2",
 ]  # fmt: skip
 
 
@@ -85,20 +80,15 @@ def test_its_tokenizer_measures_prompts_as_trl_tokenizes_them(model_dir):
     assert "You are a helpful AI assistant named SmolLM" in tokenizer.decode(expected[0])  # its template's default
 
 
-def history(out) -> list[dict]:
-    return [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
-
-
 def test_the_recipe_trains_through_real_vllm_evaluates_and_resumes(model_dir, tmp_path):
     out = tmp_path / "run"
     first = run_module("hf_grpo.train", RECIPE, "--output_dir", str(out), "--max_steps", "2", *SMALL, timeout=TIMEOUT)
     log = first.stdout + first.stderr
     assert first.returncode == 0, log[-6000:]
-    server_log = (out / "vllm_server.log").read_text()
-    assert re.search(r"Initializing a V1 LLM engine \(v0\.\d+", server_log), server_log[:3000]  # real vLLM
-    assert model_dir in server_log  # serving the converted folder
-    loaded = re.findall(r"Loaded new LoRA adapter: name '(policy-\d+)'", server_log)
-    assert loaded[:2] == ["policy-0", "policy-1"], server_log[-3000:]
+    served = server_log(out)
+    assert ENGINE_START.search(served), served[:3000]  # real vLLM
+    assert model_dir in served  # serving the converted folder
+    assert loaded_adapters(served)[:2] == ["policy-0", "policy-1"], served[-3000:]
     records = history(out)
     assert [r["step"] for r in records] == [1, 2]
     # overlapped: step 2's first round was sent while step 1 trained (its groups one update old, unless dynamic
@@ -113,9 +103,9 @@ def test_the_recipe_trains_through_real_vllm_evaluates_and_resumes(model_dir, tm
     recipe = (out / "recipe.yaml").read_text()
     assert f"model_name_or_path: {NAME}" in recipe  # the registered name, not a path or the original's Hub id
 
-    resumed = run_module(
+    resumed = run_module(  # evaluated once trained to the end, as above: not again
         "hf_grpo.train", RECIPE, "--output_dir", str(out), "--max_steps", "3", *SMALL,
-        "--resume_from_checkpoint", "auto", timeout=TIMEOUT,
+        "--resume_from_checkpoint", "auto", "--eval_before_after", "false", timeout=TIMEOUT,
     )  # fmt: skip
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-6000:]
     assert f"resuming from {out / 'checkpoint-2'}" in resumed.stdout + resumed.stderr

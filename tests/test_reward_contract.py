@@ -15,9 +15,9 @@ import torch
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.rewards import RewardArguments, load_reward_funcs
 from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.train import main
 from hf_grpo.trainer import GRPOTrainer
 
-from .helpers.common import run_module
 from .helpers.trainers import make_trainer
 
 
@@ -115,44 +115,60 @@ def test_isolated_rewards_get_what_trl_passes_and_return_what_in_process_returns
         assert accuracy[:2] == [1.0, 0.0] and not any(math.isnan(a) for a in accuracy)
 
 
-COMMON = [
+RUN = [
     "recipes/tiny.yaml", "--warm_start_steps", "0", "--per_device_train_batch_size", "8", "--num_generations", "4",
     "--max_completion_length", "8", "--eval_before_after", "false", "--logging_steps", "1", "--task", "gsm8k",
     "--save_strategy", "no", "--report_to", "none",
 ]  # fmt: skip
 
 
-@pytest.mark.subprocess
+def train_here(capfd, caplog, *args: str) -> tuple[int, str]:
+    """``python -m hf_grpo.train`` with ``RUN`` and ``args``, run in this process (these runs are about what the
+    rewards get and return, not about processes): its exit status, and what it and its reward workers printed (file
+    descriptor 2) and logged."""
+    code = main([*RUN, *args])
+    return code, capfd.readouterr().err + caplog.text
+
+
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
-def test_a_logged_metric_reaches_the_training_history(tmp_path):
+def test_a_logged_metric_reaches_the_training_history_and_infinite_rewards_are_counted_and_left_out(
+    tmp_path, capfd, caplog
+):
+    """One run, two rewards under test beside TRL's own and ours. A metric a reward logs (``log_metric``) reaches
+    the training history at every step. ±inf rewards zeroed every loss (nothing learned) without a counter, and the
+    report crashed: now they are counted per reward (``rewards/<name>/nonfinite``), left out of the reward, said once,
+    and the run ends with its summary."""
     data = write_dataset(tmp_path / "data.jsonl", conversational=True)
     out = tmp_path / "run"
-    result = run_module(
-        "hf_grpo.train", *COMMON, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "2",
-        "--dynamic_sampling", "false", "--reward_funcs",
-        "[trl.rewards:accuracy_reward, tests.helpers.reward_plugins:logs_everything]",
-        timeout=300,
+    rewards = [
+        "trl.rewards:accuracy_reward", "tests.helpers.reward_plugins:logs_everything", "gsm8k_correctness",
+        "tests.helpers.reward_plugins:partly_infinite",
+    ]  # fmt: skip
+    code, err = train_here(
+        capfd, caplog, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "2",
+        "--dynamic_sampling", "false", "--reward_funcs", f"[{', '.join(rewards)}]",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    history = json.loads((out / "training_history.json").read_text())
-    steps = [r for r in history if "contract/mean_length" in r]
-    assert [r["step"] for r in steps] == [1, 2] and all(r["contract/mean_length"] > 0 for r in steps)
+    assert code == 0, err[-3000:]
+    history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
+    assert [r["step"] for r in history] == [1, 2] and all(r["contract/mean_length"] > 0 for r in history)
+    for record in history:
+        assert record["rewards/partly_infinite/nonfinite"] > 0 and record["rewards/gsm8k_correctness/nonfinite"] == 0
+        assert math.isfinite(record["reward"]) and math.isfinite(record["rewards/partly_infinite/mean"])
+    assert "returned ±inf" in err and (out / "summary.md").is_file()
 
 
-@pytest.mark.subprocess
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
-def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path):
+def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path, capfd, caplog):
     data = write_dataset(tmp_path / "data.jsonl", conversational=False)
     out = tmp_path / "run"
-    result = run_module(
-        "hf_grpo.train", *COMMON, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "50",
+    code, err = train_here(
+        capfd, caplog, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "50",
         "--dynamic_sampling", "false", "--reward_max_failed_calls", "2",
         "--reward_funcs", "[gsm8k_correctness, tests.helpers.reward_plugins:wrong_signature]",
-        timeout=300,
     )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
-    assert len(errors) == 1, result.stderr[-3000:]
+    assert code == 1, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
+    assert len(errors) == 1, err[-3000:]
     assert "reward 'wrong_signature' failed on every completion of 2 consecutive calls" in errors[0]
     assert "TypeError" in errors[0] and "unexpected keyword argument" in errors[0] and "completions=" in errors[0]
     history = (
@@ -216,43 +232,21 @@ def test_reward_models_and_async_rewards_beside_isolated_ones_work_as_in_trl(tmp
     assert rewards[:, 2].tolist() == [1.0] * len(rows)
 
 
-@pytest.mark.subprocess
 @pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
-def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path):
+def test_rewards_that_are_all_none_stop_the_run_with_a_summary(tmp_path, capfd, caplog):
     """A run whose rewards were all None logged an error per batch, trained on nothing to the end and then
     died in write_report (TypeError on a None reward): exit 1, no summary.md."""
     out = tmp_path / "run"
-    result = run_module(
-        "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "30", "--arithmetic_train_size", "64",
+    code, err = train_here(
+        capfd, caplog, "--output_dir", str(out), "--max_steps", "30", "--arithmetic_train_size", "64",
         "--arithmetic_eval_size", "8", "--reward_funcs", "[tests.helpers.reward_plugins:always_none]",
-        timeout=300,
     )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("hf_grpo: error:")]
+    assert code == 1, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("hf_grpo: error:")]
     assert len(errors) == 1 and "no completion got a reward in 3 consecutive batches" in errors[0], errors
-    assert "always_none" in errors[0] and "Traceback" not in result.stderr
+    assert "always_none" in errors[0] and "Traceback" not in err
     summary = (out / "summary.md").read_text()
     assert "reward: n/a" in summary or "Training summary" in summary
-
-
-@pytest.mark.subprocess
-@pytest.mark.slow  # a whole run: the second tier (pyproject.toml)
-def test_infinite_rewards_are_counted_and_left_out(tmp_path):
-    """±inf rewards zeroed every loss (nothing learned) without a counter, and the report crashed."""
-    out = tmp_path / "run"
-    result = run_module(
-        "hf_grpo.train", *COMMON, "--output_dir", str(out), "--max_steps", "2", "--arithmetic_train_size", "64",
-        "--arithmetic_eval_size", "8", "--dynamic_sampling", "false",
-        "--reward_funcs", "[gsm8k_correctness, tests.helpers.reward_plugins:partly_infinite]",
-        timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
-    assert len(history) == 2
-    for record in history:
-        assert record["rewards/partly_infinite/nonfinite"] > 0 and record["rewards/gsm8k_correctness/nonfinite"] == 0
-        assert math.isfinite(record["reward"]) and math.isfinite(record["rewards/partly_infinite/mean"])
-    assert "returned ±inf" in result.stderr and (out / "summary.md").is_file()
 
 
 def test_nan_rewards_are_counted_as_nonfinite_and_left_out():

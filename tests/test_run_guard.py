@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -154,31 +155,39 @@ def test_a_finished_run_resumed_says_so_and_trains_nothing(run_dir):
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
-@pytest.mark.slow  # two runs at once (about 60 s)
+@pytest.mark.slow  # two runs, one after the other: the first holds the lock while the second is checked
 def test_a_second_run_into_the_same_output_dir_is_refused_while_the_first_runs(tmp_path):
-    """#3: two runs into one output_dir both exited 0, the folder ending with a mix of their outputs."""
+    """#3: two runs into one output_dir both exited 0, the folder ending with a mix of their outputs. The first run
+    is frozen (SIGSTOP) once it holds the lock, so that it still runs, however fast, while the second is checked;
+    thawed, it trains to its end (one generation round a step: the untrained policy's groups all score 0, and
+    dynamic sampling would look 16 rounds further for each)."""
     out = tmp_path / "run"
     first = subprocess.Popen(
-        [sys.executable, "-m", "hf_grpo.train", *QUICK, "--output_dir", str(out), "--max_steps", "12"],
+        [sys.executable, "-m", "hf_grpo.train", *QUICK, "--output_dir", str(out), "--max_steps", "2",
+         "--dynamic_sampling", "false"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert wait_until(lambda: (out / LOCK_FILE).exists() or first.poll() is not None, 240)
+        first.send_signal(signal.SIGSTOP)
         assert first.poll() is None, first.stderr.read()[-3000:]
         holder = json.loads((out / LOCK_FILE).read_text())
         assert holder["pid"] == first.pid and "hf_grpo.train" in holder["command"]
-        second = run_module("hf_grpo.train", *QUICK, "--output_dir", str(out), "--max_steps", "2", timeout=300)
-        assert first.poll() is None, "the first run ended before the second was checked: make it longer"
+        second = run_module("hf_grpo.train", *QUICK, "--output_dir", str(out), "--max_steps", "7", timeout=300)
         assert second.returncode == 2, second.stderr[-3000:]
         (error,) = errors_of(second.stderr)
         assert f"pid {first.pid}" in error and "hf_grpo.train" in error and "another output_dir" in error
         assert "Traceback" not in second.stderr
-        assert first.wait(timeout=600) == 0, first.stderr.read()[-3000:]
+        first.send_signal(signal.SIGCONT)
+        _, err = first.communicate(timeout=600)
+        assert first.returncode == 0, err[-3000:]
     finally:
         if first.poll() is None:
             first.kill()
     assert not (out / LOCK_FILE).exists()
-    assert "max_steps: 12" in (out / RECIPE_FILE).read_text()  # the first run's recipe, not the refused one's
+    assert "max_steps: 2" in (out / RECIPE_FILE).read_text()  # the first run's recipe, not the refused one's
+    steps = [r["step"] for r in json.loads((out / HISTORY_FILE).read_text()) if "reward" in r]
+    assert steps == [1, 2]  # the first run's training, untouched by the refused one
 
 
 def dead_pid() -> int:

@@ -9,7 +9,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
@@ -20,6 +19,7 @@ from hf_grpo.generation.vllm_client import VLLMConnectionError
 
 from .helpers.common import REPO
 from .helpers.fake_vllm_server import start_in_thread, start_subprocess
+from .helpers.launching import wait_until
 from .helpers.reward_scripts import alternating
 from .helpers.trainers import make_trainer
 
@@ -83,12 +83,25 @@ def test_a_server_that_stops_answering_during_a_sync_is_waited_for(policy_dir, t
     assert set(adapters) == {"policy-2"}  # the unload sent once more went through
 
 
+WAITING = "waiting up to 120 s for it to come back (generation.restart_wait)"  # the run's line
+
+
+def recorded_steps(history) -> int:
+    """How many records the run's training_history.json holds so far (0 before it is written)."""
+    try:
+        return len(json.loads(history.read_text() or "[]"))
+    except (OSError, ValueError):
+        return 0
+
+
 @pytest.mark.subprocess
 @pytest.mark.slow  # two server starts and a whole run
 def test_a_run_waits_for_a_restarted_server_with_restart_wait(policy_dir, tmp_path):
+    """The server killed after two steps; restarted on the same port once the run said it waits for it (its next
+    request found nothing there, and its one retry too), the run goes on to its last step."""
     server = start_subprocess(policy_dir, max_lora_rank=16)
     port = server.url.rsplit(":", 1)[1]
-    out = tmp_path / "run"
+    out, err_path = tmp_path / "run", tmp_path / "stderr.txt"
     command = [
         sys.executable, "-m", "hf_grpo.train", "recipes/tiny.yaml",
         "--model_name_or_path", str(policy_dir), "--output_dir", str(out),
@@ -98,25 +111,24 @@ def test_a_run_waits_for_a_restarted_server_with_restart_wait(policy_dir, tmp_pa
         "--generation.backend", "vllm_server", "--generation.base_url", server.url,
         "--generation.max_retries", "1", "--generation.restart_wait", "120",
     ]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
     restarted = None
-    try:
-        deadline, history = time.monotonic() + 300, out / "training_history.json"
-        while time.monotonic() < deadline:  # let it train two steps, then restart the server on the same port
-            if history.exists() and len(json.loads(history.read_text() or "[]")) >= 2:
-                break
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            time.sleep(0.5)
+    try:  # two steps trained, then the server goes away
+        assert wait_until(lambda: recorded_steps(out / "training_history.json") >= 2 or proc.poll() is not None, 300)
+        assert proc.poll() is None, err_path.read_text()[-3000:]
         server.kill()
-        time.sleep(3)  # the run meets a server that does not answer
+        assert wait_until(lambda: WAITING in err_path.read_text() or proc.poll() is not None, 300)
+        assert proc.poll() is None, err_path.read_text()[-3000:]  # it waits: the server comes back on its port
         restarted = start_subprocess(policy_dir, max_lora_rank=16, port=int(port))
-        _, stderr = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
+        proc.kill()
         server.stop()
         if restarted is not None:
             restarted.stop()
+    stderr = err_path.read_text()
     assert proc.returncode == 0, stderr[-3000:]
-    assert "waiting up to 120 s for it to come back (generation.restart_wait)" in stderr
     # the server came back with no adapter: the request that met it reloaded the current one ("into it again"), or
     # the step's sync loaded the next one
     steps = [r["step"] for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]

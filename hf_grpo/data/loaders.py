@@ -17,7 +17,7 @@ from datasets import Dataset, LargeList, List, Value, load_dataset
 from trl import ScriptArguments
 
 from ..rewards.grading import TASKS, check_gold_format, gsm8k_gold
-from . import arithmetic
+from . import arithmetic, word_problems
 from .files import cache_must_be_writable, is_local_file, load_file
 
 
@@ -29,6 +29,10 @@ PRESETS = {
     "arithmetic_transfer": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     # held-out only: those kinds plus three-step and distractor problems (arithmetic.make_reasoning_split)
     "arithmetic_reasoning": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
+    # train only: four operations, one to three steps, distractors (word_problems.make_train); held-out only: kinds
+    # written apart from them (word_problems.make_held_out)
+    "word_problems": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
+    "word_problems_held_out": {"task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     "openai/gsm8k": {"config": "main", "task": "gsm8k", "prompt_column": "question", "solution_column": "answer"},
     "DigitalLearningGmbH/MATH-lighteval": {"task": "math", "prompt_column": "problem", "solution_column": "solution"},
     "HuggingFaceH4/MATH-500": {
@@ -50,7 +54,8 @@ ALIASES = {
     "math500": "HuggingFaceH4/MATH-500",
     "openmathinstruct2": "nvidia/OpenMathInstruct-2",
 }
-EMBEDDED = ("arithmetic", *arithmetic.HELD_OUT_SETS)  # generated in code (hf_grpo.data.arithmetic), never downloaded
+# generated in code (hf_grpo.data.arithmetic, hf_grpo.data.word_problems), never downloaded
+EMBEDDED = ("arithmetic", *arithmetic.HELD_OUT_SETS, "word_problems", "word_problems_held_out")
 
 # Seed 002's r1_zero protocol: a plain-text prompt that opens the <think> block for the model.
 R1_ZERO_TEMPLATE = (
@@ -288,8 +293,11 @@ def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
 
 
 def embedded_splits(name: str) -> list[str]:
-    """The splits of an embedded dataset: ``arithmetic_transfer`` and ``arithmetic_reasoning`` are held-out sets only."""
-    return ["test"] if name in arithmetic.HELD_OUT_SETS else ["train", "test"]
+    """The splits of an embedded dataset: the held-out sets (``arithmetic_transfer``, ``arithmetic_reasoning``,
+    ``word_problems_held_out``) have only ``test``, ``word_problems`` only ``train``."""
+    if name == "word_problems":
+        return ["train"]
+    return ["test"] if name in (*arithmetic.HELD_OUT_SETS, "word_problems_held_out") else ["train", "test"]
 
 
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
@@ -302,6 +310,10 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
             )
         if name in arithmetic.HELD_OUT_SETS:
             return Dataset.from_list(arithmetic.HELD_OUT_SETS[name](args.arithmetic_eval_size, seed))
+        if name == "word_problems":
+            return Dataset.from_list(word_problems.make_train(args.arithmetic_train_size, seed))
+        if name == "word_problems_held_out":
+            return Dataset.from_list(word_problems.make_held_out(args.arithmetic_eval_size, seed))
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
         return Dataset.from_list(arithmetic.make_split(split, size, seed, args.arithmetic_two_step_share))
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")

@@ -59,6 +59,11 @@ class HistoryCallback(TrainerCallback):
             self.records = [r for r in read_history(self.path.parent) if r.get("step", 0) <= state.global_step]
             write_json(self.path, self.records)
 
+    def mark(self, step: int, finding: dict) -> None:
+        """A record of the run watch's (``{"step", "watch": finding}``), between the step's logs (main process)."""
+        self.records.append({"step": step, "watch": finding})
+        write_json(self.path, self.records)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return

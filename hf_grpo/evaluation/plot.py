@@ -290,7 +290,7 @@ def training_figure(history: list[dict], eval_results: dict | None = None, gain:
     With ``eval_results`` the held-out curve starts at the before and ends at the after accuracy; with a paired
     ``gain`` (``hf_grpo.evaluation.stats.paired_gain``; by default ``eval_results["gain"]`` when it holds one) the
     accuracy panel also shows the before -> after difference with its 95% interval, as an error bar at the last step
-    and as text. Built without pyplot, so it neither needs a display nor changes the backend of the caller (a
+    and as text. The run watch's findings are red dotted lines at their steps. Built without pyplot, so it neither needs a display nor changes the backend of the caller (a
     notebook keeps its inline plots).
     """
     from matplotlib.figure import Figure
@@ -302,8 +302,14 @@ def training_figure(history: list[dict], eval_results: dict | None = None, gain:
     if not panels:
         fig.text(0.5, 0.5, "nothing logged yet", ha="center", va="center")
         return fig
+    findings = [r["watch"] for r in history if isinstance(r.get("watch"), dict)]  # the run watch's (hf_grpo.watch)
     for ax, panel in zip(_panel_axes(fig, len(panels)), panels, strict=True):
         _draw_panel(ax, panel)
+        for i, finding in enumerate(findings):  # a mark at the step each was seen, named on the first panel
+            ax.axvline(finding["step"], color="tab:red", alpha=0.5, linestyle=":")
+            if panel is panels[0]:
+                ax.annotate(finding["kind"], (finding["step"], 1.0), xycoords=("data", "axes fraction"),
+                            xytext=(2, -10 - 10 * i), textcoords="offset points", color="tab:red", fontsize=8)  # fmt: skip
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.get_subplotspec().is_last_row():
             ax.set_xlabel("optimizer step")

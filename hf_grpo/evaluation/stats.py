@@ -97,6 +97,18 @@ def paired_gain(before: Sequence[str], after: Sequence[str]) -> dict:
     }
 
 
+def gains_by_kind(before: list[dict], after: list[dict]) -> dict[str, dict]:
+    """``paired_gain`` per kind of held-out problem (the records' ``kind``, matched by ``index``); empty when the
+    held-out set names no kinds."""
+    after_by_index = {r["index"]: r for r in after}
+    kinds: dict[str, list[tuple[str, str]]] = {}
+    for record in before:
+        other = after_by_index.get(record["index"])
+        if "kind" in record and other is not None:
+            kinds.setdefault(str(record["kind"]), []).append((record["grade"], other["grade"]))
+    return {kind: paired_gain(*zip(*pairs, strict=True)) for kind, pairs in sorted(kinds.items())}
+
+
 def _read_grades(path: Path) -> dict[int, str]:
     """index -> grade of one ``eval_<label>.jsonl``; ValueError naming the file and line for anything malformed."""
     grades: dict[int, str] = {}

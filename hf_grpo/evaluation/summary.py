@@ -65,6 +65,46 @@ def eval_table(results: dict, gain: dict | None = None) -> str:
     return "\n".join(rows)
 
 
+def kinds_markdown(kinds: dict[str, dict]) -> list[str]:
+    """The held-out accuracy per kind of problem, before and after, with each paired interval, and the kinds that
+    fell (their interval below 0) named."""
+    if not kinds:
+        return []
+    lines = ["## By kind of held-out problem", "", "| kind | problems | before | after | difference, paired |"]
+    lines.append("|---|---|---|---|---|")
+    for kind, gain in kinds.items():
+        lines.append(
+            f"| {kind} | {gain['n']} | {gain['before_accuracy']:.1%} | {gain['after_accuracy']:.1%} | "
+            f"{gain_interval(gain)} |"
+        )
+    fell = [kind for kind, gain in kinds.items() if gain["ci95"][1] < 0]
+    verdict = f"Fell (interval below 0): {', '.join(fell)}." if fell else "No kind fell (no interval below 0)."
+    return [*lines, "", verdict, ""]
+
+
+def watch_markdown(results: dict) -> list[str]:
+    """The run watch's findings, why the run stopped early, and which evaluated adapter it kept."""
+    watch, kept = results.get("watch") or {}, results.get("kept")
+    findings, stopped = watch.get("findings") or [], watch.get("stopped")
+    if not watch:
+        return []
+    lines = ["## Run watch", ""]
+    lines += [f"- step {f['step']}: {f['text']}" for f in findings] or ["- no finding"]
+    if stopped:
+        lines.append(
+            f"- stopped at step {stopped['step']} ({stopped['reason']}): {stopped['steps_saved']} steps not trained, "
+            f"about {stopped['seconds_saved']} s saved"
+        )
+    if kept:
+        against = kept["against_last"]
+        lines.append(
+            f"- kept the adapter of step {kept['step']} (held-out accuracy {kept['accuracy']:.1%} on "
+            f"{kept['n']} problems), not the last one of step {kept['last_step']}: {gain_interval(against)} against "
+            "it; the evaluation after training above is the kept adapter's"
+        )
+    return [*lines, ""]
+
+
 def _num(value) -> str:
     """A logged number to 3 decimals; ``n/a`` for one that is missing or not finite (a batch no reward could score)."""
     return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
@@ -78,6 +118,8 @@ def summary_markdown(run: RunResult) -> str:
         lines += ["## Held-out accuracy (greedy)", "", eval_table(run.evaluations, run.gain), ""]
         if run.gain is not None:
             lines += [gain_sentence(run.gain), ""]
+        lines += kinds_markdown(run.evaluations.get("kinds") or {})
+    lines += watch_markdown(run.evaluations or {})
     logged = [r for r in history if "reward" in r]
     if logged:
         last = logged[-1]

@@ -95,6 +95,7 @@ class TaskEvaluator:
         self.progress = enabled_for(args)  # bars on the main process, off with disable_tqdm (hf_grpo.progress)
         self.pool = pool
         self._own_pool: RewardPool | None = None
+        self.last_records: list[dict] = []  # the per-problem records of the last evaluation
 
     def grading(self, trainer=None) -> tuple[RewardPool, float]:
         """(pool, timeout per completion) for the next evaluation; starts the evaluator's own pool when needed."""
@@ -135,6 +136,10 @@ class TaskEvaluator:
                 record["index"] = index
         records = {r["index"]: r for r in gather_object(result.records)}  # padding repeats the last index
         records = [records[i] for i in range(n)]
+        if "kind" in self.dataset.column_names:  # the held-out set's own categories: the report's kinds
+            for record, kind in zip(records, self.dataset.select(range(n))["kind"], strict=True):
+                record["kind"] = kind
+        self.last_records = records  # every process: the run watch reads them (hf_grpo.watch)
         summary = summarize(records)
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +167,7 @@ class TaskEvaluator:
         if sorted(r.get("index") for r in records if isinstance(r, dict)) != list(range(len(self.dataset))):
             return None
         logger.info("held-out accuracy (%s): from the run's records, %s", label, self.output_dir)
+        self.last_records = records
         return summarize(records)
 
     def _generate_and_grade(self, model, tokenizer, subset, trainer, options: dict):
@@ -187,17 +193,18 @@ class TaskEvaluator:
         batch = eval_batch_size(device, self.batch_size)
         return evaluate(model, tokenizer, subset, self.task, self.max_new_tokens, batch_size=batch, **options), device
 
-    def callback(self, trainer, log: Callable[[object, dict[str, float]], None]) -> TrainerCallback:
+    def callback(self, trainer, log: Callable[[object, dict[str, float]], None], on_result=None) -> TrainerCallback:
         """A callback that evaluates every ``task_eval_steps`` and logs ``{"accuracy": ...}`` with ``log(trainer,
-        metrics)`` (the run passes ``hf_grpo.trackers.log_evaluation``)."""
-        return _PeriodicEval(self, trainer, log)
+        metrics)`` (the run passes ``hf_grpo.trackers.log_evaluation``); ``on_result(step, records, control)``
+        then gets the per-problem records (the run watch's ``evaluated``)."""
+        return _PeriodicEval(self, trainer, log, on_result)
 
 
 class _PeriodicEval(TrainerCallback):
     """Runs the task evaluation every ``task_eval_steps`` optimizer steps and logs ``eval/accuracy``."""
 
-    def __init__(self, evaluator: TaskEvaluator, trainer, log: Callable[[object, dict[str, float]], None]):
-        self.evaluator, self.trainer, self.log = evaluator, trainer, log
+    def __init__(self, evaluator: TaskEvaluator, trainer, log, on_result=None):
+        self.evaluator, self.trainer, self.log, self.on_result = evaluator, trainer, log, on_result
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % args.task_eval_steps:
@@ -213,3 +220,5 @@ class _PeriodicEval(TrainerCallback):
         # reach them as train/eval/accuracy), training_history.json as before.
         self.log(self.trainer, {"accuracy": summary["accuracy"]})
         self.trainer.last_task_eval = (state.global_step, summary["accuracy"])
+        if self.on_result is not None:
+            self.on_result(state.global_step, self.evaluator.last_records, control)

@@ -1,0 +1,182 @@
+"""Embedded word problems with all four operations, several phrasings of each, one to three steps and numbers that
+do not matter (``word_problems``), and a held-out set whose kinds training never sees (``word_problems_held_out``).
+
+    >>> from hf_grpo.data.word_problems import make_train, make_held_out
+    >>> problem = make_train(1, seed=0)[0]
+    >>> problem["answer"].splitlines()[-1] == f"#### {problem['solution']}"
+    True
+    >>> sorted({p["kind"] for p in make_held_out(12, seed=0)}) == sorted(HELD_OUT_KINDS)
+    True
+
+Training problems tell a story about one person's things: a count that grows (gets, finds, buys), shrinks (gives,
+eats, loses), is multiplied (packs of, rows of, each of) or shared (equally into, among), step after step, with a
+worked line per operation and ``#### N`` last, the answer format the real-model recipes ask for. A third of them carry
+a sentence whose number does not matter. The held-out kinds are written apart from them, in other sentence shapes and
+other worlds (prices and change, points and comparisons, teams, days): ``price`` (a unit price times a count),
+``compare`` (how many more), ``groups`` (so many groups of so many), ``share`` (a total shared equally), ``sum_three``
+(three amounts in one sentence), ``change`` (paying with a bill for several things at one price). So a gain there is
+transfer, not recall, and a kind that falls says what training took away (docs/real_model.md).
+"""
+
+from __future__ import annotations
+
+import random
+
+
+NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Iris", "Jack", "Kira", "Luis", "Maya", "Noah"]
+ITEMS = ["apples", "pencils", "marbles", "cookies", "stickers", "books", "shells", "cards", "eggs", "bottles"]
+PACKS = ["boxes", "bags", "packs", "jars", "baskets", "crates"]
+
+# The first sentence: a starting count (one per problem).
+START = [
+    "{name} has {a} {item}.",
+    "{name} had {a} {item} in the morning.",
+    "There are {a} {item} in {name}'s room.",
+    "{name} started the week with {a} {item}.",
+]
+# One step each, in several phrasings; ``{n}`` is the step's number. Multiplication and sharing act on the count.
+STEPS = {
+    "+": [
+        "{name} gets {n} more.",
+        "Then {name} finds {n} more {item}.",
+        "A friend gives {name} {n} more.",
+        "{name} buys {n} more {item}.",
+    ],
+    "-": [
+        "{name} gives away {n}.",
+        "Then {name} loses {n} of them.",
+        "{name} uses {n} of the {item}.",
+        "{name} gives {n} {item} to a friend.",
+    ],
+    "*": [
+        "Now {name} has {n} times as many {item} as before.",
+        "Then the number of {item} becomes {n} times larger.",
+        "By evening {name} has {n} times as many {item}.",
+    ],
+    "/": [
+        "{name} shares them equally among {n} friends, keeping none.",
+        "{name} puts them equally into {n} {pack}.",
+        "{name} splits them into {n} equal piles.",
+    ],
+}
+QUESTION = {  # what is asked, by the last operation
+    "+": ["How many {item} does {name} have now?", "How many {item} are there now?"],
+    "-": ["How many {item} are left?", "How many {item} does {name} have now?"],
+    "*": ["How many {item} does {name} have now?", "How many {item} are there in all?"],
+    "/": ["How many {item} are in each one?", "How many {item} does each get?"],
+}
+# A first step of its own shape: a multiplication told as packs (the count starts as their product).
+PACKED = ["{name} buys {a} {pack} with {b} {item} in each.", "{name} has {a} {pack}, each holding {b} {item}."]
+DISTRACTORS = ["{name} is {x} years old.", "{other} has {x} {other_item}.", "It is {x} degrees outside.",
+               "{name}'s house is number {x}."]  # fmt: skip
+
+HELD_OUT_KINDS = ("price", "compare", "groups", "share", "sum_three", "change")
+HELD_OUT_NAMES = ["Olga", "Pedro", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wes", "Yara"]
+
+
+def _apply(total: int, op: str, n: int) -> int:
+    return {"+": total + n, "-": total - n, "*": total * n, "/": total // n}[op]
+
+
+def _step_number(rng: random.Random, total: int, op: str) -> int | None:
+    """A number for ``op`` on ``total`` that keeps every count a positive whole number below 200, or None."""
+    if op == "+":
+        return rng.randint(2, 15)
+    if op == "-":
+        return rng.randint(1, total - 1) if total > 1 else None
+    if op == "*":
+        return rng.randint(2, 5) if total <= 40 else None
+    divisors = [d for d in range(2, 10) if total % d == 0 and total // d >= 1]
+    return rng.choice(divisors) if divisors else None
+
+
+def make_problem(rng: random.Random) -> dict:
+    """One training problem: ``question``, ``answer`` (a worked line per operation, then ``#### N``), ``solution``."""
+    while True:
+        name, item, pack = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(PACKS)
+        ops = [rng.choice("+-*/") for _ in range(rng.choice((1, 1, 2, 2, 3)))]
+        if rng.random() < 0.25:  # packs first: a multiplication of two numbers of the story
+            a, b = rng.randint(2, 9), rng.randint(2, 9)
+            sentences, lines, total = [rng.choice(PACKED).format(name=name, a=a, b=b, item=item, pack=pack)], [], a * b
+            lines.append(f"{a} * {b} = {total}")
+        else:
+            total = rng.randint(3, 30)
+            sentences, lines = [rng.choice(START).format(name=name, a=total, item=item)], []
+        ok = True
+        for op in ops:
+            n = _step_number(rng, total, op)
+            if n is None:
+                ok = False
+                break
+            sentences.append(rng.choice(STEPS[op]).format(name=name, n=n, item=item, pack=pack))
+            result = _apply(total, op, n)
+            lines.append(f"{total} {op} {n} = {result}")
+            total = result
+        if not ok or total < 1 or total >= 200:
+            continue
+        if rng.random() < 1 / 3:  # a number that does not matter, anywhere but first
+            other = rng.choice([n for n in NAMES if n != name])
+            distractor = rng.choice(DISTRACTORS).format(
+                name=name, other=other, x=rng.randint(2, 40), other_item=rng.choice([i for i in ITEMS if i != item])
+            )
+            sentences.insert(rng.randint(1, len(sentences)), distractor)
+        last = ops[-1] if ops else "*"
+        sentences.append(rng.choice(QUESTION[last]).format(name=name, item=item))
+        return {
+            "question": " ".join(sentences),
+            "answer": "\n".join([*lines, f"#### {total}"]),
+            "solution": str(total),
+        }
+
+
+def make_train(n: int, seed: int) -> list[dict]:
+    """``n`` training problems, reproducible from ``seed``."""
+    rng = random.Random(f"word-problems-train-{seed}")
+    return [make_problem(rng) for _ in range(n)]
+
+
+def _held_out(rng: random.Random, kind: str) -> dict:
+    """One held-out problem of ``kind`` (``HELD_OUT_KINDS``), its worked answer and solution."""
+    name, other = rng.sample(HELD_OUT_NAMES, 2)
+    if kind == "price":
+        price, count = rng.randint(2, 9), rng.randint(2, 8)
+        thing = rng.choice(["notebook", "ticket", "sandwich", "poster"])
+        question = f"A {thing} costs {price} dollars. How many dollars do {count} {thing}s cost?"
+        lines, result = [f"{count} * {price} = {count * price}"], count * price
+    elif kind == "compare":
+        low, more = rng.randint(3, 20), rng.randint(2, 15)
+        what = rng.choice(["points in the game", "laps around the track", "goals this season"])
+        question = f"{name} scored {low + more} {what} and {other} scored {low}. How many more did {name} score?"
+        lines, result = [f"{low + more} - {low} = {more}"], more
+    elif kind == "groups":
+        groups, size = rng.randint(2, 9), rng.randint(2, 9)
+        question = (
+            f"The coach splits the club into {groups} teams of {size} players. How many players are in the club?"
+        )
+        lines, result = [f"{groups} * {size} = {groups * size}"], groups * size
+    elif kind == "share":
+        people, each = rng.randint(2, 9), rng.randint(2, 9)
+        food = rng.choice(["grapes", "crackers", "slices of melon"])
+        question = f"{people * each} {food} are served equally on {people} plates. How many are on each plate?"
+        lines, result = [f"{people * each} / {people} = {each}"], each
+    elif kind == "sum_three":
+        x, y, z = (rng.randint(2, 20) for _ in range(3))
+        question = f"A bakery sold {x} pies on Friday, {y} on Saturday and {z} on Sunday. How many pies did it sell?"
+        lines, result = [f"{x} + {y} = {x + y}", f"{x + y} + {z} = {x + y + z}"], x + y + z
+    else:  # change
+        price, count = rng.randint(2, 6), rng.randint(2, 4)
+        bill = next(b for b in (10, 20, 50) if b > price * count)
+        question = (
+            f"{name} pays with a {bill} dollar bill for {count} pens at {price} dollars each. How many dollars of "
+            f"change does {name} get?"
+        )
+        cost = price * count
+        lines, result = [f"{count} * {price} = {cost}", f"{bill} - {cost} = {bill - cost}"], bill - cost
+    return {"question": question, "answer": "\n".join([*lines, f"#### {result}"]), "solution": str(result)}
+
+
+def make_held_out(n: int, seed: int) -> list[dict]:
+    """``n`` held-out problems, their ``kind`` cycling through ``HELD_OUT_KINDS``. Reproducible from ``seed``."""
+    rng = random.Random(f"word-problems-held-out-{seed}")
+    kinds = (HELD_OUT_KINDS[i % len(HELD_OUT_KINDS)] for i in range(n))
+    return [{**_held_out(rng, kind), "kind": kind} for kind in kinds]

@@ -1,0 +1,183 @@
+"""The run watch (hf_grpo/watch.py) on hand-made histories, one test per rule, and one tiny-model run that a finding
+stops: collapse of the reward and under the floors, hacking, forgetting, plateau, the adapter a run keeps."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_grpo.evaluation.summary import watch_markdown
+from hf_grpo.watch import Evaluation, RunWatch
+
+
+def args(**overrides):
+    values = dict(stop_on=[], watch_patience=2, watch_reward_drop=0.5, watch_floors=None, watch_plateau_evals=3)
+    return SimpleNamespace(**{"max_steps": 12, **values, **overrides})
+
+
+def logged(watch: RunWatch, records: list[dict], first_step: int = 1):
+    """``on_log`` of each record at its step; the control object the trainer would read."""
+    control = SimpleNamespace(should_training_stop=False)
+    for step, logs in enumerate(records, first_step):
+        watch.on_log(None, SimpleNamespace(global_step=step), control, logs=logs)
+    return control
+
+
+def evaluation(step: int, right: int, n: int = 100, kinds: dict | None = None, order=None) -> Evaluation:
+    """Problems ``order[:right]`` right (default: the first ``right``), the rest wrong."""
+    order = list(range(n)) if order is None else order
+    grades = {i: "wrong" for i in range(n)} | {i: "correct" for i in order[:right]}
+    return Evaluation(step, grades, kinds or {})
+
+
+def test_a_reward_that_collapses_is_found_after_patience_steps_and_a_noisy_one_is_not():
+    """The reasoning recipe at learning rate 5e-3: training accuracy 0.83, 0.07, then 0 (found at step 4, not 2)."""
+    watch = RunWatch(args())
+    logged(watch, [{"reward": r} for r in (0.83, 0.07, 0.0)])
+    assert not watch.findings  # step 3 is the first low one: one step is no finding
+    logged(watch, [{"reward": 0.0}], first_step=4)
+    (finding,) = watch.findings
+    assert finding.kind == "collapse" and finding.step == 4 and finding.since == 1
+    assert "training reward fell to 0.000 from its best 0.830 (step 1)" in finding.text and "steps 3-4" in finding.text
+    noisy = RunWatch(args())
+    logged(noisy, [{"reward": r} for r in (0.3, 0.55, 0.32, 0.6, 0.41, 0.66, 0.38, 0.7)])
+    assert not noisy.findings
+    tiny = RunWatch(args())  # far below its best in share, but by less than 0.1: a near-zero reward wobbling
+    logged(tiny, [{"reward": r} for r in (0.08, 0.02, 0.0, 0.0)])
+    assert not tiny.findings
+
+
+@pytest.mark.parametrize(
+    ("floor", "key", "values", "named"),
+    [
+        ("entropy", "entropy", [0.5, 0.04, 0.03, 0.02], "policy entropy 0.030 under its floor 0.05"),
+        ("completion_length", "completions/mean_length", [30, 6, 4, 3], "completion length 4.000 under its floor 8"),
+        ("signal", "frac_reward_zero_std", [0.5, 0.95, 1.0, 1.0], "share of groups whose rewards differ 0.000"),
+    ],
+)
+def test_a_signal_under_its_floor_for_patience_steps_is_a_collapse_once(floor, key, values, named):
+    limit = {"entropy": 0.05, "completion_length": 8, "signal": 0.1}[floor]
+    watch = RunWatch(args(watch_floors={floor: limit}))
+    logged(watch, [{"reward": 0.5, key: v} for v in values])
+    (finding,) = watch.findings  # steps 2-3 under it; step 4 still under: no second finding
+    assert finding.kind == "collapse" and finding.step == 3 and named in finding.text, finding.text
+
+
+def test_hacking_is_a_rising_reward_with_a_fall_the_paired_interval_sees():
+    watch = RunWatch(args())
+    watch.evaluated(0, evaluation(0, 50))
+    logged(watch, [{"reward": r} for r in (0.3, 0.35, 0.6, 0.9)])
+    watch.evaluated(4, evaluation(4, 47))  # 3 fewer right: an interval that holds 0
+    assert not watch.findings
+    watch.evaluated(4, evaluation(4, 20))
+    (finding,) = watch.findings
+    assert finding.kind == "hacking" and (finding.since, finding.step) == (0, 4)
+    assert "training reward rose 0.325 -> 0.750" in finding.text and "fell 0.500 -> 0.200" in finding.text
+    assert "on the same 100 problems" in finding.text
+    flat = RunWatch(args())  # the same fall with a reward that did not rise is no hacking (collapse may say it)
+    flat.evaluated(0, evaluation(0, 50))
+    logged(flat, [{"reward": 0.5} for _ in range(4)])
+    flat.evaluated(4, evaluation(4, 20))
+    assert not flat.findings
+
+
+def test_forgetting_is_one_kind_falling_while_the_whole_rises():
+    """The reasoning adapter's held-out words: three-operand sums 2/64 -> 39/64, multiplication 21/56 -> 5/56."""
+    kinds = {i: "sum3" for i in range(64)} | {i: "multiply" for i in range(64, 120)}
+    sums_first = list(range(64))
+    first = evaluation(0, 0, 120, kinds)
+    first.grades |= {i: "correct" for i in sums_first[:2]} | {i: "correct" for i in range(64, 85)}  # 2 + 21
+    later = evaluation(6, 0, 120, kinds)
+    later.grades |= {i: "correct" for i in sums_first[:39]} | {i: "correct" for i in range(64, 69)}  # 39 + 5
+    watch = RunWatch(args())
+    watch.evaluated(0, first)
+    logged(watch, [{"reward": 0.5} for _ in range(6)])
+    watch.evaluated(6, later)
+    (finding,) = watch.findings
+    assert finding.kind == "forgetting" and "'multiply' problems fell 21/56 -> 5/56" in finding.text
+    assert "while the whole rose 0.192 -> 0.367" in finding.text
+
+
+def test_a_plateau_stops_the_run_when_asked_and_a_real_gain_restarts_its_count():
+    watch = RunWatch(args(stop_on=["plateau"]))
+    control = SimpleNamespace(should_training_stop=False)
+    watch.evaluated(0, evaluation(0, 30), control=control)
+    watch.evaluated(2, evaluation(2, 55), control=control)  # a gain whose interval is above 0: the new anchor
+    for step, right in ((4, 57), (6, 53)):
+        watch.evaluated(step, evaluation(step, right), control=control)
+    assert not control.should_training_stop
+    watch.evaluated(8, evaluation(8, 56), control=control)
+    assert control.should_training_stop and watch.stopped["reason"] == "plateau"
+    assert watch.stopped["steps_saved"] == 4 and watch.findings[-1].text.startswith("plateau: 3 evaluations since step 2")
+
+
+def test_stop_on_degraded_ends_training_at_the_finding_and_says_what_it_saved():
+    watch = RunWatch(args(stop_on=["degraded"]))
+    control = logged(watch, [{"reward": r} for r in (0.83, 0.07, 0.0, 0.0)])
+    assert control.should_training_stop and watch.stopped["reason"] == "degraded: collapse"
+    assert watch.stopped["step"] == 4 and watch.stopped["steps_saved"] == 8
+    lines = watch_markdown({"watch": watch.summary()})
+    assert any("stopped at step 4 (degraded: collapse): 8 steps not trained" in line for line in lines)
+    off = RunWatch(args())  # reported, not stopped
+    assert not logged(off, [{"reward": r} for r in (0.83, 0.07, 0.0, 0.0)]).should_training_stop and off.findings
+
+
+@pytest.fixture(scope="module")
+def adapter_model():
+    from peft import LoraConfig, get_peft_model
+
+    from hf_grpo.tiny import build_model, build_tokenizer
+
+    model = build_model(build_tokenizer(), hidden_size=32)
+    return get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+
+
+def lora_b(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for n, p in model.named_parameters() if "lora_B" in n])
+
+
+def test_the_run_keeps_an_earlier_adapter_only_when_it_beats_the_last_with_its_interval_above_0(adapter_model):
+    """The policy right after a warm start scored 0.490 and the collapsed last one ~0: the first is kept."""
+    watch = RunWatch(args())
+    at_start = lora_b(adapter_model).clone()
+    watch.evaluated(0, evaluation(0, 49), adapter_model)
+    with torch.no_grad():
+        for name, param in adapter_model.named_parameters():
+            if "lora_B" in name:
+                param.add_(1.0)  # training moved the adapter
+    assert watch.choose_kept(evaluation(4, 46), adapter_model) is None  # not better beyond noise: the last stays
+    assert not torch.equal(lora_b(adapter_model), at_start)
+    kept = watch.choose_kept(evaluation(4, 2), adapter_model)
+    assert kept["step"] == 0 and kept["last_step"] == 4 and kept["against_last"]["ci95"][0] > 0
+    assert torch.equal(lora_b(adapter_model), at_start)  # restored
+
+
+def test_a_finding_stops_a_tiny_run_cleanly_and_every_output_names_it(tmp_path, caplog):
+    """A floor no completion reaches: the watch finds it at step 2, the run ends there with its outputs, and the
+    history, summary, plot and eval_results.json say why and what it saved."""
+    import logging
+
+    from hf_grpo.train import main
+
+    out = tmp_path / "run"
+    argv = [
+        "recipes/tiny.yaml", "--output_dir", str(out), "--max_steps", "10", "--warm_start_steps", "20",
+        "--arithmetic_train_size", "64", "--arithmetic_eval_size", "16", "--per_device_train_batch_size", "16",
+        "--num_generations", "4", "--max_completion_length", "8", "--max_generation_batches", "2",
+        "--task_eval_steps", "0", "--logging_steps", "1", "--report_to", "none",
+        "--watch_floors", json.dumps({"completion_length": 1000}), "--stop_on", "[degraded]",
+    ]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="hf_grpo"):
+        assert main(argv) == 0
+    assert "watch: collapse (completion_length): completion length" in caplog.text
+    assert "watch: stopping at step 2 (degraded: collapse; stop_on ['degraded']): 8 of max_steps 10" in caplog.text
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["watch"]["stopped"]["step"] == 2 and results["watch"]["findings"][0]["kind"] == "collapse"
+    history = json.loads((out / "training_history.json").read_text())
+    assert max(r["step"] for r in history) == 2 and any(r.get("watch", {}).get("kind") == "collapse" for r in history)
+    summary = (out / "summary.md").read_text()
+    assert "## Run watch" in summary and "stopped at step 2 (degraded: collapse)" in summary
+    assert (out / "adapter_model.safetensors").is_file() and (out / "training_curves.png").is_file()
