@@ -8,6 +8,10 @@ from those markers, and chosen with ``--tier``:
     python -m pytest --tier 3     # against real vLLM (python -m hf_grpo.generation.vllm_install first)
     python -m pytest --tier gpu   # on a CUDA machine with vLLM
     python -m pytest --tier all   # everything
+
+``-n 2`` (pytest-xdist, as README's test command runs tier 1) spreads whole files over two worker processes, so a
+module's shared run stays in one; each worker and what it starts then computes on one thread (OMP_NUM_THREADS=1),
+two busy processes for two cores.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of -n N workers: one thread each, and for the processes it starts
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 TIERS = ("1", "2", "3", "gpu", "all")
 

@@ -10,7 +10,6 @@ grader that moves any row changes every number the project reports, so rows are 
 from __future__ import annotations
 
 import doctest
-import time
 from fractions import Fraction
 
 import pytest
@@ -155,14 +154,25 @@ def test_doctests(module):
 PATHOLOGICAL = r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}"  # Math-Verify#65
 
 
-def test_grade_called_directly_does_not_hang_on_a_power_tower():
+def test_grade_called_directly_does_not_hang_on_a_power_tower(monkeypatch):
     """grade() itself computed for ever on Math-Verify#65's input (no process around it in a notebook).
     A power of over MAX_POWER_DIGITS digits never reaches SymPy: a boxed one is wrong, a gold one is refused."""
-    start = time.monotonic()
-    assert grading.grade(PATHOLOGICAL, "1", "math") == "wrong"
-    assert time.monotonic() - start < 20
-    with pytest.raises(ValueError, match="more than 1000000 digits"):
-        grading.grade(r"\boxed{1}", r"9^{9^{9}}", "math")
+    import math_verify
+
+    parsed, parse = [], math_verify.parse
+
+    def parse_no_tower(text, *args, **kwargs):  # math-verify's parse, where SymPy would compute a tower for ever
+        assert "5^{" not in text and "9^{" not in text, f"a power tower reached math-verify: {text}"
+        parsed.append(text)
+        return parse(text, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(math_verify, "parse", parse_no_tower)  # grading imports it from math_verify at each call
+        assert grading.grade(PATHOLOGICAL, "1", "math") == "wrong"
+        assert parsed == ["$1$"]  # the gold only: the completion was judged by its size, without SymPy
+        with pytest.raises(ValueError, match="more than 1000000 digits"):
+            grading.grade(r"\boxed{1}", r"9^{9^{9}}", "math")
+        assert parsed == ["$1$"]  # the gold was refused by its size too
     # a tower in the reasoning does not hide the boxed answer; computable powers still grade
     assert grading.grade(r"Since 9^{9^{9}} is huge, \boxed{3}", "3", "math") == "correct"
     assert grading.grade(r"\boxed{2^{10}}", "1024", "math") == "correct"

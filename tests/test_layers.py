@@ -49,7 +49,8 @@ LAYERS = [
         "trackers",
         "hub",
         "pipeline",
-        "finishing", "phases",
+        "finishing",
+        "phases",
     ],
     ["train", "evaluate", "evaluation.cli", "cli", ""],
 ]

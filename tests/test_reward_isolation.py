@@ -1,7 +1,8 @@
 """Fault-isolated rewards (``hf_grpo.rewards.wrapper`` on ``hf_grpo.workers``): hard timeouts, errors reported by name, warm workers.
 
 Each test gets its own small pool (2 workers; the fork server stays up across tests, so a pool starts in well under
-a second). Timeouts are short (``TIMEOUT``) and every hanging call must return within ``TIMEOUT + 2`` seconds.
+a second). Timeouts are short (``TIMEOUT``); what a call cost is read from its counters and started workers, and a
+hanging call must return within ``TIMEOUT + SLACK`` seconds (not never; SLACK: room for a loaded machine).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from tests.helpers.common import REPO
 pytestmark = pytest.mark.timeout(120)
 
 TIMEOUT = 2.0
-SLACK = 2.0
+LONG_TIMEOUT = 60.0  # for a call that must end before its timeout: ending at it would be a failure, not a delay
+SLACK = 30.0  # a killed hang's replacement and the other items' grading, on a loaded machine
 LOGGER = "hf_grpo.rewards.wrapper"
 
 # A factorial math-verify computes for ever (SymPy evaluates it in one C call). The power tower of Math-Verify#65
@@ -123,13 +125,14 @@ def test_hanging_user_reward_is_killed_and_replaced(pool, caplog):
     assert len(set(pool.worker_pids) - set(pids)) == 1
     assert any("'sleeps_forever' timed out" in r.getMessage() for r in caplog.records)
 
-    # the pool keeps working at full strength, and a second hang costs one more timeout, not a stall
-    rewards, elapsed = timed(reward, completions=["e", "f"])
-    assert rewards == [1.0, 1.0] and elapsed < 1.0
+    # the pool keeps working at full strength (no timeout, no replacement), and a second hang costs one more
+    # timeout (and replacement) each, not a stall
+    assert reward(completions=["e", "f"]) == [1.0, 1.0]
+    assert pool.counters["sleeps_forever"] == {"timeouts": 1, "errors": 0} and pool.started_workers == 3
     rewards, elapsed = timed(reward, completions=["hang", "hang again", "g"])
     assert rewards == [None, None, 1.0]
     assert elapsed < 2 * TIMEOUT + SLACK  # two workers: both hangs run side by side
-    assert pool.counters["sleeps_forever"]["timeouts"] == 3
+    assert pool.counters["sleeps_forever"]["timeouts"] == 3 and pool.started_workers == 5
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -157,10 +160,11 @@ def test_raising_user_reward_is_reported_by_name_and_counted(pool, caplog):
 
 
 def test_worker_that_dies_costs_one_item(pool):
-    reward = isolate(reward_plugins.dies, pool, timeout=TIMEOUT)
+    # a death is seen when it happens (the worker's sentinel), not at the item's deadline: a long timeout, not reached
+    reward = isolate(reward_plugins.dies, pool, timeout=LONG_TIMEOUT)
     rewards, elapsed = timed(reward, completions=["a", "die", "b", "c"])
     assert rewards == [1.0, None, 1.0, 1.0]
-    assert elapsed < TIMEOUT
+    assert elapsed < LONG_TIMEOUT
     assert pool.counters["dies"] == {"timeouts": 0, "errors": 1}
     assert reward(completions=["d"]) == [1.0]
 
@@ -391,9 +395,9 @@ def test_async_rewards_stay_in_process(pool):
 def test_spawn_start_method():
     with RewardPool(num_workers=1, start_method="spawn") as p:
         reward = isolate(reward_plugins.sleeps_forever, p, timeout=TIMEOUT)
-        rewards, elapsed = timed(reward, completions=["hang", "a"])
-        assert rewards == [None, 1.0] and elapsed < 30  # a fresh interpreter (with its imports) per start
-        assert p.started_workers == 2
+        assert reward(completions=["hang", "a"]) == [None, 1.0]
+        assert p.counters["sleeps_forever"] == {"timeouts": 1, "errors": 0}
+        assert p.started_workers == 2  # the hung worker replaced by a fresh interpreter, which answered "a"
     with pytest.raises(ValueError, match="forkserver"):
         RewardPool(num_workers=1, start_method="fork")
 
@@ -436,9 +440,9 @@ def test_a_replacement_worker_does_not_rerun_the_main_module(tmp_path):
         [sys.executable, str(script), str(runs)], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(runs.read_text().split()) == 1  # only the script's own process ran it
-    latencies = [float(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("replacement")]
-    assert len(latencies) == 2 and max(latencies) < 1.5, latencies
+    assert len(runs.read_text().split()) == 1  # only the script's own process ran it (a line per process that does)
+    # both replacements answered (their latency is printed; what made it seconds, the re-run, is the line above)
+    assert len([line for line in result.stdout.splitlines() if line.startswith("replacement")]) == 2, result.stdout
 
 
 def test_a_timed_out_reward_leaves_no_subprocess_behind(pool, tmp_path):

@@ -28,6 +28,7 @@ def test_a_hanging_reward_costs_one_timeout_not_the_run(tmp_path):
     history = [r for r in json.loads((out / "training_history.json").read_text()) if "reward" in r]
     assert [r["step"] for r in history] == [1, 2]
     assert history[0]["rewards/hangs_once/timeouts"] == 1.0 and history[1]["rewards/hangs_once/timeouts"] == 0.0
-    assert history[0]["time/reward"] < 3.0 + 2.0  # one completion waited for its timeout, the rest were scored
+    # one completion waited for its timeout (not less: its deadline), the rest were scored, not held up (30 s: load)
+    assert 3.0 <= history[0]["time/reward"] < 3.0 + 30, history[0]
     assert history[1]["rewards/hangs_once/mean"] == 1.0
     assert elapsed < 300

@@ -52,7 +52,8 @@ def test_short_run_writes_every_output(tmp_path):
     for key in ("reward", "accuracy", "grade/wrong", "grade/unparseable", "frac_reward_zero_std", "reward/min"):
         assert key in logged[0], key
     results = json.loads((out / "eval_results.json").read_text())
-    assert set(results) == {"before", "after", "gain", "settings"}
+    assert set(results) == {"before", "after", "gain", "settings", "watch"}
+    assert results["watch"]["stopped"] is None  # the watch ran; nothing stopped a 4-step tiny run
     settings = results["settings"]  # how the numbers were measured, for the card's model-index
     assert settings["dataset"] == "arithmetic" and settings["split"] == "test" and settings["num_problems"] == 16
     assert settings["decoding"] == "greedy" and settings["task"] == "gsm8k" and settings["max_new_tokens"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import types
 
 import pytest
 import torch
@@ -91,17 +92,23 @@ def test_parameters_change_and_metrics_are_logged(tiny, tmp_path):
     assert record["time/generate"] > 0 and record["time/train"] > 0
 
 
-def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path):
+def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path, monkeypatch):
     """TRL's prediction_step goes through _generate / _calculate_rewards; that time used to land in
-    the next training step's time/*. Here evaluation's reward sleeps 1.5 s; training's does not."""
+    the next training step's time/*. Here evaluation's reward takes ``eval_s`` (1000 s) on the trainer's clock, moved
+    forward instead of slept; training's takes no such time, so a training record holding it holds evaluation's."""
     import time
 
+    from hf_grpo import trainer as trainer_module
+
+    eval_s, offset = 1000.0, [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0])
+    monkeypatch.setattr(trainer_module, "time", clock)  # the trainer's time/* clock (it reads only perf_counter)
     train = tiny[2]
     holder = {}
 
     def slow_in_eval(prompts, completions, **kwargs):
         if not holder["trainer"].model.training:
-            time.sleep(1.5)
+            offset[0] += eval_s
         return reward_scripts.alternating(prompts, completions)
 
     trainer = make_trainer(
@@ -119,8 +126,9 @@ def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path):
     train_records = [r for r in trainer.state.log_history if "time/step" in r]
     assert [r["step"] for r in train_records] == [1, 2]
     assert any("eval_loss" in r or "eval_reward" in r for r in trainer.state.log_history), "no evaluation ran"
-    assert train_records[1]["time/reward"] < 1.0, train_records[1]
-    assert train_records[1]["time/step"] < train_records[0]["time/step"] + 1.0, train_records
+    assert offset[0] >= eval_s  # evaluation's reward ran, after step 1
+    assert train_records[1]["time/reward"] < eval_s / 2, train_records[1]
+    assert train_records[1]["time/step"] < eval_s / 2, train_records
 
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal(tiny, tmp_path):

@@ -246,9 +246,11 @@ def test_hung_server_times_out(server, prompts):
     start = time.monotonic()
     with pytest.raises(VLLMConnectionError) as info:
         client.generate(prompts, n=1, max_tokens=4, model=SERVED)
-    elapsed = time.monotonic() - start
-    assert elapsed < 1.5 and elapsed < client.worst_case_s
-    assert server.url in str(info.value) and "Timeout" in str(info.value)
+    assert time.monotonic() - start < client.worst_case_s
+    # the read timeout fired (the delayed answer would have been a success), and the request was not resent
+    message = str(info.value)
+    assert server.url in message and "did not answer within request_timeout 0.3s (ReadTimeout)" in message, message
+    assert stats(server.url)["POST /v1/completions"] == 1
     fixture_post(server.url, "reset")
 
 
@@ -267,9 +269,8 @@ def test_a_frozen_server_is_not_asked_again_and_the_wait_is_logged(server, promp
         pytest.raises(VLLMConnectionError) as info,
     ):
         client.generate(prompts, n=1, max_tokens=4, model=SERVED)
-    elapsed = time.monotonic() - start
-    assert elapsed < 1.5, elapsed  # one request_timeout, not four
-    assert stats(server.url)["POST /v1/completions"] == 1
+    assert time.monotonic() - start < client.worst_case_s
+    assert stats(server.url)["POST /v1/completions"] == 1  # one request_timeout waited, not four
     assert "did not answer within request_timeout 0.6s" in str(info.value)
     beats = [r.message for r in caplog.records if r.message.startswith("still waiting for")]
     assert beats and "POST /v1/completions" in beats[0] and "of 1 s" in beats[0], beats
@@ -291,14 +292,17 @@ def test_killed_server_raises_within_bound(tiny, prompts):
             server.kill()
             with pytest.raises(VLLMConnectionError) as info:
                 pending.result(timeout=60)
-        elapsed = time.monotonic() - killed_at
-        assert elapsed < client.worst_case_s and elapsed < 5
-        assert server.url in str(info.value) and "vllm serve" in str(info.value)
+        assert time.monotonic() - killed_at < client.worst_case_s
+        # the dropped connection was seen (then refused on each retry), not waited out as a request_timeout
+        message = str(info.value)
+        assert server.url in message and "vllm serve" in message, message
+        assert "after 3 attempts" in message and "Connection refused" in message, message
         # Later calls fail fast too (connection refused on every attempt).
         start = time.monotonic()
-        with pytest.raises(VLLMConnectionError, match=server.url):
+        with pytest.raises(VLLMConnectionError, match=server.url) as info:
             client.generate(prompts, n=1, max_tokens=4)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < client.worst_case_s
+        assert "after 3 attempts" in str(info.value) and "Connection refused" in str(info.value), str(info.value)
         assert not client.health()
     finally:
         server.stop()

@@ -29,7 +29,7 @@ def logged(watch: RunWatch, records: list[dict], first_step: int = 1):
 def evaluation(step: int, right: int, n: int = 100, kinds: dict | None = None, order=None) -> Evaluation:
     """Problems ``order[:right]`` right (default: the first ``right``), the rest wrong."""
     order = list(range(n)) if order is None else order
-    grades = {i: "wrong" for i in range(n)} | {i: "correct" for i in order[:right]}
+    grades = dict.fromkeys(range(n), "wrong") | dict.fromkeys(order[:right], "correct")
     return Evaluation(step, grades, kinds or {})
 
 
@@ -86,12 +86,12 @@ def test_hacking_is_a_rising_reward_with_a_fall_the_paired_interval_sees():
 
 def test_forgetting_is_one_kind_falling_while_the_whole_rises():
     """The reasoning adapter's held-out words: three-operand sums 2/64 -> 39/64, multiplication 21/56 -> 5/56."""
-    kinds = {i: "sum3" for i in range(64)} | {i: "multiply" for i in range(64, 120)}
+    kinds = dict.fromkeys(range(64), "sum3") | dict.fromkeys(range(64, 120), "multiply")
     sums_first = list(range(64))
     first = evaluation(0, 0, 120, kinds)
-    first.grades |= {i: "correct" for i in sums_first[:2]} | {i: "correct" for i in range(64, 85)}  # 2 + 21
+    first.grades |= dict.fromkeys(sums_first[:2], "correct") | dict.fromkeys(range(64, 85), "correct")  # 2 + 21
     later = evaluation(6, 0, 120, kinds)
-    later.grades |= {i: "correct" for i in sums_first[:39]} | {i: "correct" for i in range(64, 69)}  # 39 + 5
+    later.grades |= dict.fromkeys(sums_first[:39], "correct") | dict.fromkeys(range(64, 69), "correct")  # 39 + 5
     watch = RunWatch(args())
     watch.evaluated(0, first)
     logged(watch, [{"reward": 0.5} for _ in range(6)])
@@ -111,7 +111,9 @@ def test_a_plateau_stops_the_run_when_asked_and_a_real_gain_restarts_its_count()
     assert not control.should_training_stop
     watch.evaluated(8, evaluation(8, 56), control=control)
     assert control.should_training_stop and watch.stopped["reason"] == "plateau"
-    assert watch.stopped["steps_saved"] == 4 and watch.findings[-1].text.startswith("plateau: 3 evaluations since step 2")
+    assert watch.stopped["steps_saved"] == 4 and watch.findings[-1].text.startswith(
+        "plateau: 3 evaluations since step 2"
+    )
 
 
 def test_stop_on_degraded_ends_training_at_the_finding_and_says_what_it_saved():
