@@ -9,9 +9,9 @@ from those markers, and chosen with ``--tier``:
     python -m pytest --tier gpu   # on a CUDA machine with vLLM
     python -m pytest --tier all   # everything
 
-``-n 2`` (pytest-xdist, as README's test command runs tier 1) spreads whole files over two worker processes, so a
-module's shared run stays in one; each worker and what it starts then computes on one thread (OMP_NUM_THREADS=1),
-two busy processes for two cores.
+``-n 2`` (pytest-xdist, as README's test command runs the tiers) spreads whole files over two worker processes, so a
+module's shared run stays in one, and the tests of a module with ``SPREAD_OVER_WORKERS = True`` one by one; each
+worker and what it starts then computes on one thread (OMP_NUM_THREADS=1), two busy processes for two cores.
 """
 
 from __future__ import annotations
@@ -51,13 +51,17 @@ def pytest_addoption(parser):
     parser.addoption("--tier", choices=TIERS, default="1", help="the CI tier to run (tests/conftest.py says which)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     tier = config.getoption("--tier")
-    if tier == "all" or config.getoption("-m"):  # -m chooses by marker and overrides the tier
-        return
-    chosen = [item for item in items if tier_of(item) == tier]
-    config.hook.pytest_deselected(items=[item for item in items if tier_of(item) != tier])
-    items[:] = chosen
+    if tier != "all" and not config.getoption("-m"):  # -m chooses by marker and overrides the tier
+        chosen = [item for item in items if tier_of(item) == tier]
+        config.hook.pytest_deselected(items=[item for item in items if tier_of(item) != tier])
+        items[:] = chosen
+    for item in items:  # -n N (--dist loadgroup): a file's tests on one worker, its module fixtures built once ...
+        module = getattr(item, "module", None)
+        if module is not None and not getattr(module, "SPREAD_OVER_WORKERS", False):  # ... unless it says otherwise
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
 
 
 @pytest.fixture(scope="session")

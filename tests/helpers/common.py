@@ -52,3 +52,11 @@ def tiny_lora():
     from peft import LoraConfig
 
     return LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
+def shared_tmp(tmp_path_factory, name: str) -> Path:
+    """A folder every -n worker of this session shares (one worker alone: its own), for what is built under a lock."""
+    root = tmp_path_factory.getbasetemp()
+    path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / name
+    path.mkdir(exist_ok=True)
+    return path
