@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         except StopSignal:  # the launch stopping this process (another one failed) while this one says why it ended
             return ended_by(recipe, passthrough, exc)  # said to the end: only the first stop signal raises
     finally:  # the outcome is decided: SIGTERM while exiting (the launch stopping the others) just ends it
-        restore_handlers()
+        with stops_held():  # one landing while the handlers change would raise here, with a traceback: it waits
+            restore_handlers()
         end_process_group()
     return 0
 

@@ -251,3 +251,41 @@ def test_a_launched_training_process_dies_with_its_parent_while_it_starts(when, 
     finally:
         kill_marked(mark)
     assert err.read_text() == ""  # stopped quietly: a launcher, were it alive, would say so
+
+
+# A training process whose run ended (here: returned) and whose launch sends it SIGTERM just as it puts its signal
+# handlers back (as accelerate's agent stops the other ranks once one failed): argv is the output_dir.
+SIGTERM_AT_THE_END = """
+import os, signal, sys
+
+import hf_grpo.train as train
+
+real = train.stop_like_ctrl_c
+
+
+def stop_like_ctrl_c():
+    restore = real()
+
+    def outcome_decided():
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered as the handlers change
+        restore()
+
+    return outcome_decided
+
+
+train.stop_like_ctrl_c, train.run = stop_like_ctrl_c, lambda recipe: None
+sys.exit(train.main(["tiny", "--output_dir", sys.argv[1]]))
+"""
+
+
+def test_sigterm_while_a_training_process_puts_its_handlers_back_just_ends_it(tmp_path):
+    """Seen under load: rank 0's run had ended (its peer failed) when the launch's SIGTERM landed in ``main``'s
+    ``finally``, raising StopSignal there with a second traceback. The signal waits while the handlers change, then
+    ends the process as the default SIGTERM does: no traceback."""
+    env = {**os.environ, "HF_GRPO_LAUNCHED": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AT_THE_END, str(tmp_path / "run")], check=False, cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == -signal.SIGTERM, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
