@@ -1,4 +1,4 @@
-"""Test instrumentation for ``tests/test_checkpoints.py``, active only with this folder (and tests/scripts, for
+"""Test instrumentation for ``tests/test_launch_resume.py``, active only with this folder (and tests/scripts, for
 ``patch_on_import``) on PYTHONPATH: every training process stops for two minutes inside its second checkpoint write,
 after the model and optimizer files and before the RNG state, trainer state and manifest, so that a test can signal
 the run at exactly that phase. The main process writes the checkpoint's path to ``$HF_GRPO_TEST_SLOW_SAVE`` when it
