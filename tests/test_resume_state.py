@@ -19,21 +19,11 @@ from hf_grpo.checkpoints import MANIFEST, sampling_changes, write_manifest
 from hf_grpo.generation.overlap import STATE_FILE
 
 from .helpers.overlap_run import make_overlap_trainer, record_generate_calls
-from .helpers.trainers import make_trainer
+from .helpers.trainers import make_trainer, one_torch_thread  # noqa: F401  (an autouse fixture)
 
 
 SAVE_EVERY_STEP = {"save_strategy": "steps", "save_steps": 1}
 FEW_ROUNDS = {"max_generation_batches": 2, "dynamic_sampling_exhausted": "fill"}  # the untrained model rarely varies
-
-
-@pytest.fixture(autouse=True, scope="module")  # before the module's own fixtures train
-def one_torch_thread():
-    """Train with one torch thread, as a run does (``hf_grpo.launch.torch_threads``): on CI's loaded 2-core machine
-    two threads each wait for a core, and these runs in this process took 3 to 4 times as long."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow  # four tiny runs in this process (about 40 s)

@@ -13,7 +13,6 @@ import json
 import re
 
 import pytest
-import torch
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.selection import Record, prompt_key
@@ -24,17 +23,7 @@ from hf_grpo.warm_start import warm_start
 from .helpers.common import tiny_config
 from .helpers.overlap_run import make_overlap_trainer
 from .helpers.reward_scripts import third_varying
-from .helpers.trainers import make_trainer
-
-
-@pytest.fixture(autouse=True, scope="module")  # before the module's own fixtures train
-def one_torch_thread():
-    """Train with one torch thread, as a run does (``hf_grpo.launch.torch_threads``): on CI's loaded 2-core machine
-    two threads each wait for a core, and these runs in this process took 3 to 4 times as long."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from .helpers.trainers import make_trainer, one_torch_thread  # noqa: F401  (an autouse fixture)
 
 
 @pytest.fixture(scope="module")

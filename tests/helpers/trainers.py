@@ -3,7 +3,21 @@ arithmetic data set, LoRA, a tiny config and, for a vLLM server, its ``ServerGen
 
 from __future__ import annotations
 
+import pytest
+
 from .common import tiny_config, tiny_lora
+
+
+@pytest.fixture(autouse=True, scope="module")  # imported by a module: before the module's own fixtures train
+def one_torch_thread():
+    """Train with one torch thread, as a run does (``hf_grpo.launch.torch_threads``): on CI's loaded 2-core machine
+    two threads each wait for a core, and these runs in this process took 3 to 4 times as long."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def arithmetic_train(train_size: int = 64, eval_size: int = 8):
