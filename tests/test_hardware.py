@@ -119,9 +119,10 @@ def test_accelerate_launch_with_a_bf16_config_exits_2_naming_the_flag():
     import sys
 
     start = time.monotonic()
+    # port 0: a free one, not accelerate's 29500, which a test on the other xdist worker may be listening on
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/zero2_offload.yaml",
-         "--num_processes", "2", "-m", "hf_grpo.train", "recipes/tiny.yaml"],
+         "--num_processes", "2", "--main_process_port", "0", "-m", "hf_grpo.train", "recipes/tiny.yaml"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode != 0

@@ -44,14 +44,17 @@ def free_port() -> int:
 
 def start_script(script: str, *args: str) -> subprocess.Popen:
     """Start ``script`` in a fresh interpreter (repository root, no stand-in on the path). The last argument is the
-    JSON file it writes; its output goes to that path + ``.log``."""
+    JSON file it writes; its output goes to that path + ``.log``. A colocated run's process group listens on a port
+    of its own: TRL's default tries 29500 first, which a test on the other xdist worker may be launching on."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(free_port())
     with open(f"{args[-1]}.log", "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(script), *args],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""},
+            env=env,
         )
 
 
