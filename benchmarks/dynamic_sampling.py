@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import platform
 import statistics
@@ -115,6 +116,23 @@ def make_trainer(arm: str, model, tokenizer, train, out: str, lr: float, batch: 
 
 
 def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=128)
+    warm_start(model, tokenizer, args.warm_start_steps, lr=2e-3)
+    train, held_out = load_grpo_datasets(DataArguments(arithmetic_train_size=4000, arithmetic_eval_size=200))
+    accuracy = functools.partial(held_out_accuracy, tokenizer, held_out)
+
+    start_accuracy = accuracy(model)
+    target = start_accuracy + args.target_gain
+    print_setup(args, len(held_out), start_accuracy, target)
+    rows = race_to_target(args, model, tokenizer, train, accuracy, start_accuracy, target)
+    print_race(args, rows, target)
+    measure_overhead(args, model, tokenizer, train, accuracy)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=120.0, help="training seconds per arm")
     parser.add_argument("--target-gain", type=float, default=0.25, help="target = start accuracy + this")
@@ -129,21 +147,17 @@ def main() -> None:
     parser.add_argument("--overhead-steps", type=int, default=30)
     parser.add_argument("--overhead-repeats", type=int, default=3)
     parser.add_argument("--out", default="/tmp/hf_grpo_bench_ds")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, hidden_size=128)
-    warm_start(model, tokenizer, args.warm_start_steps, lr=2e-3)
-    train, held_out = load_grpo_datasets(DataArguments(arithmetic_train_size=4000, arithmetic_eval_size=200))
 
-    def held_out_accuracy(m) -> float:
-        return evaluate(m, tokenizer, held_out, "gsm8k", max_new_tokens=16).accuracy
+def held_out_accuracy(tokenizer, held_out, model) -> float:
+    return evaluate(model, tokenizer, held_out, "gsm8k", max_new_tokens=16).accuracy
 
-    start_accuracy = held_out_accuracy(model)
+
+def print_setup(args: argparse.Namespace, n_held_out: int, start_accuracy: float, target: float) -> None:
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{torch.__version__}; held-out: {len(held_out)} problems, greedy; warm start {args.warm_start_steps} steps "
+        f"{torch.__version__}; held-out: {n_held_out} problems, greedy; warm start {args.warm_start_steps} steps "
         f"-> held-out accuracy {start_accuracy:.3f}"
     )
     print(
@@ -151,30 +165,34 @@ def main() -> None:
         f"lr {args.lr}, LoRA r16, training budget {args.budget:.0f} s (evaluation time excluded), eval every "
         f"{args.eval_every} steps\n"
     )
-
-    target = start_accuracy + args.target_gain
     print(
         f"target: smoothed held-out accuracy >= {target:.3f} (start {start_accuracy:.3f} + {args.target_gain}); "
         f"smoothing: mean of the last {args.smooth} evaluations\n"
     )
 
-    def smoothed(curve):
-        accs = [acc for *_, acc in curve]
-        return [
-            sum(accs[max(0, i - args.smooth + 1) : i + 1]) / len(accs[max(0, i - args.smooth + 1) : i + 1])
-            for i in range(len(accs))
-        ]
 
+def smoothed(curve: list[tuple[int, float, float]], window: int) -> list[float]:
+    """Each evaluation's accuracy averaged with up to ``window - 1`` evaluations before it."""
+    accs = [acc for *_, acc in curve]
+    return [
+        sum(accs[max(0, i - window + 1) : i + 1]) / len(accs[max(0, i - window + 1) : i + 1]) for i in range(len(accs))
+    ]
+
+
+def race_to_target(
+    args: argparse.Namespace, model, tokenizer, train, accuracy, start_accuracy: float, target: float
+) -> list[dict]:
+    """``stock`` and ``ours+ds`` per seed for the training budget; one row per run, and its curve printed."""
     rows = []
     for seed in args.seeds:
         for arm in ("stock", "ours+ds"):
             trainer = make_trainer(
                 arm, model, tokenizer, train, f"{args.out}/{arm}-{seed}", args.lr, args.batch, args.generations, seed
             )
-            clock = Clock(args.budget, args.eval_every, held_out_accuracy)
+            clock = Clock(args.budget, args.eval_every, accuracy)
             trainer.add_callback(clock)
             trainer.train()
-            smooth = smoothed(clock.curve)
+            smooth = smoothed(clock.curve, args.smooth)
             reached = next((clock.curve[i][1] for i, acc in enumerate(smooth) if acc >= target), None)
             zero_std = [r["frac_reward_zero_std"] for r in trainer.state.log_history if "frac_reward_zero_std" in r]
             rows.append(
@@ -194,7 +212,11 @@ def main() -> None:
                 + ", ".join(f"({s}, {t:.0f}, {a:.2f})" for s, t, a in clock.curve),
                 flush=True,
             )
+    return rows
 
+
+def print_race(args: argparse.Namespace, rows: list[dict], target: float) -> None:
+    """The runs' table, then per seed which arm reached the target first."""
     print(
         f"\n{'seed':>4s} {'arm':8s} {'steps':>6s} {'s/step':>7s} {'zero-std':>9s} {'best':>6s} {'final':>6s} "
         f"{'time to ' + format(target, '.2f'):>14s}   (accuracies smoothed)"
@@ -210,24 +232,28 @@ def main() -> None:
             next(r["time_to_target"] for r in rows if r["seed"] == seed and r["arm"] == arm)
             for arm in ("stock", "ours+ds")
         )
-        if stock_t is not None and ds_t is not None:
-            verdict = f"stock / ours+ds = {stock_t / ds_t:.2f}x"
-        elif ds_t is not None:
-            verdict = f"ours+ds reached it in {ds_t:.0f} s; stock did not within {args.budget:.0f} s"
-        elif stock_t is not None:
-            verdict = f"stock reached it in {stock_t:.0f} s; ours+ds did not"
-        else:
-            verdict = "neither reached it"
-        print(f"seed {seed}: time to target: {verdict}")
+        print(f"seed {seed}: time to target: {verdict(stock_t, ds_t, args.budget)}")
 
-    # Per-step overhead with dynamic sampling off: alternate arms, identical work (same seed, same trajectory).
+
+def verdict(stock_t: float | None, ds_t: float | None, budget: float) -> str:
+    if stock_t is not None and ds_t is not None:
+        return f"stock / ours+ds = {stock_t / ds_t:.2f}x"
+    if ds_t is not None:
+        return f"ours+ds reached it in {ds_t:.0f} s; stock did not within {budget:.0f} s"
+    if stock_t is not None:
+        return f"stock reached it in {stock_t:.0f} s; ours+ds did not"
+    return "neither reached it"
+
+
+def measure_overhead(args: argparse.Namespace, model, tokenizer, train, accuracy) -> None:
+    """Per-step overhead with dynamic sampling off: alternate arms, identical work (same seed, same trajectory)."""
     times: dict[str, list[float]] = {"stock": [], "ours": []}
     for _ in range(args.overhead_repeats):
         for arm in ("stock", "ours"):
             trainer = make_trainer(
                 arm, model, tokenizer, train, f"{args.out}/{arm}-overhead", args.lr, args.batch, args.generations
             )
-            clock = Clock(float("inf"), 0, held_out_accuracy, max_steps=args.overhead_steps)
+            clock = Clock(float("inf"), 0, accuracy, max_steps=args.overhead_steps)
             trainer.add_callback(clock)
             trainer.train()
             times[arm].append(statistics.mean(clock.step_seconds[args.warmup :]))
