@@ -170,6 +170,16 @@ def test_without_periodic_evaluation_the_heldout_curve_is_before_and_after():
     assert not any(s.kind == "points" for p in panels for s in p.series)
 
 
+def test_an_earlier_kept_adapter_is_named_where_the_after_point_is_drawn():
+    """The run watch kept step 2's adapter: the after evaluation (drawn at the last step) is that adapter's."""
+    kept = {**EVAL, "kept": {"step": 2, "accuracy": 0.3, "n": 50, "last_step": 6}}
+    heldout = choose_panels(history(), kept)[0].series[-1]
+    assert heldout.steps == (0, 6)
+    assert heldout.label == "held-out, greedy (n=200); after: step 2's adapter, kept"
+    kept["kept"]["step"] = 6  # the last state kept: nothing to say
+    assert choose_panels(history(), kept)[0].series[-1].label == "held-out, greedy (n=200)"
+
+
 def test_missing_data_leaves_panels_out():
     assert choose_panels([]) == []
     bare = [{"step": s, "loss": 0.1, "reward": 0.1 * s} for s in range(1, 4)]

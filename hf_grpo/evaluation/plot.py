@@ -93,6 +93,9 @@ def _heldout(history: list[dict], eval_results: dict | None) -> Series | None:
         return None
     total = next((p.get("total") for p in (before, after) if isinstance(p, dict) and p.get("total")), None)
     label = f"held-out, greedy (n={total})" if total else "held-out, greedy"
+    kept = (eval_results or {}).get("kept")
+    if isinstance(kept, dict) and kept.get("step") != kept.get("last_step"):
+        label += f"; after: step {kept['step']}'s adapter, kept"  # hf_grpo.watch kept an earlier one
     steps, values = zip(*points, strict=True)
     return Series(label, steps, values, kind="points")
 
