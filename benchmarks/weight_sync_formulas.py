@@ -115,36 +115,29 @@ def check_formulas(tiny_model, rank: int) -> tuple[list[list[str]], bool]:
         ok &= formula == actual
         rows.append([what, source, f"{formula:,}", f"{actual:,}", "OK" if formula == actual else "MISMATCH"])
 
-    tiny = Arch.from_config(f"tiny (hf_grpo.tiny, h={tiny_model.config.hidden_size}, tied)", tiny_model.config)
-    record(
-        f"full  {tiny.name}",
-        "sum(p.numel()) of the model",
-        full_params(tiny),
-        sum(p.numel() for p in tiny_model.parameters()),
-    )
-    for targets, label in ((QKVO, "q/k/v/o"), (ALL_LINEAR, "all-linear")):
-        actual = adapter_numel(copy.deepcopy(tiny_model), targets)
+    def check_built(arch: Arch, model) -> None:  # the formulas against a built model and its PEFT adapters
         record(
-            f"lora  {tiny.name} r={rank} {label}", "PEFT adapter state dict", lora_params(tiny, rank, targets), actual
+            f"full  {arch.name}",
+            "sum(p.numel()) of the model",
+            full_params(arch),
+            sum(p.numel() for p in model.parameters()),
         )
+        for targets, label in ((QKVO, "q/k/v/o"), (ALL_LINEAR, "all-linear")):
+            actual = adapter_numel(copy.deepcopy(model), targets)
+            record(
+                f"lora  {arch.name} r={rank} {label}",
+                "PEFT adapter state dict",
+                lora_params(arch, rank, targets),
+                actual,
+            )
 
+    check_built(
+        Arch.from_config(f"tiny (hf_grpo.tiny, h={tiny_model.config.hidden_size}, tied)", tiny_model.config),
+        tiny_model,
+    )
     torch.manual_seed(0)
     untied = Arch("tiny untied (h=96, 3 layers, 6/3 heads)", 96, 200, 3, 6, 3, 300, tied=False)
-    model = Qwen2ForCausalLM(untied.to_config())
-    record(
-        f"full  {untied.name}",
-        "sum(p.numel()) of the model",
-        full_params(untied),
-        sum(p.numel() for p in model.parameters()),
-    )
-    for targets, label in ((QKVO, "q/k/v/o"), (ALL_LINEAR, "all-linear")):
-        actual = adapter_numel(copy.deepcopy(model), targets)
-        record(
-            f"lora  {untied.name} r={rank} {label}",
-            "PEFT adapter state dict",
-            lora_params(untied, rank, targets),
-            actual,
-        )
+    check_built(untied, Qwen2ForCausalLM(untied.to_config()))
 
     for arch in (QWEN25_1_5B, QWEN25_7B):
         with torch.device("meta"):
