@@ -213,3 +213,13 @@ def test_output_is_written_to_a_temporary_file_then_renamed(tmp_path, tiny_model
     summary = json.loads(capsys.readouterr().out)
     assert len(records) == summary["total"] == 2
     assert all(isinstance(r, dict) and "completion" in r for r in records)
+
+
+@pytest.mark.parametrize("name", ["arithmetic_transfer", "word_problems_held_out"])
+def test_a_held_out_set_named_by_dataset_is_read_from_its_one_split(name):
+    """``--dataset word_problems_held_out`` without ``--split``: its test problems, not an error about 'train'."""
+    from hf_grpo.data.loaders import DataArguments
+    from hf_grpo.evaluation.saved_model import eval_dataset
+
+    dataset = eval_dataset(DataArguments(dataset_name=name, arithmetic_eval_size=12), seed=0, split=None)
+    assert len(dataset) == 12 and len(set(dataset["kind"])) > 1

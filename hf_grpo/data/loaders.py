@@ -112,6 +112,10 @@ class DataArguments(ScriptArguments):
         arithmetic_two_step_share (`float`, defaults to `0.0`):
             Share of the embedded problems (`dataset_name: arithmetic`) with two operations, in the training
             templates' words, their gold answers one worked line per operation.
+        word_problems_max_steps (`int`, defaults to `3`):
+            Most operations (worked lines) in an embedded `word_problems` training problem, 1 to 3: 1 keeps the
+            one-step problems a small base model can already solve now and then (GRPO needs a right answer in some
+            of a group's samples to learn from).
         dataset_mirror (`dict[str, str]`, *optional*):
             Local `.jsonl` / `.json` / `.parquet` / `.csv` files that stand in for hub splits, keyed `<hub id>:<split>`
             (for example `openai/gsm8k:test`). Everything else (presets, columns, which split is the held-out one)
@@ -148,6 +152,9 @@ class DataArguments(ScriptArguments):
     arithmetic_eval_size: int = field(default=200, metadata={"help": "Embedded held-out problems."})
     arithmetic_two_step_share: float = field(
         default=0.0, metadata={"help": "Share of embedded problems with two operations (0 to 1)."}
+    )
+    word_problems_max_steps: int = field(
+        default=3, metadata={"help": "Most operations in a `word_problems` training problem (1 to 3)."}
     )
     dataset_mirror: dict[str, str] | None = field(
         default=None,
@@ -311,7 +318,9 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
         if name in arithmetic.HELD_OUT_SETS:
             return Dataset.from_list(arithmetic.HELD_OUT_SETS[name](args.arithmetic_eval_size, seed))
         if name == "word_problems":
-            return Dataset.from_list(word_problems.make_train(args.arithmetic_train_size, seed))
+            return Dataset.from_list(
+                word_problems.make_train(args.arithmetic_train_size, seed, args.word_problems_max_steps)
+            )
         if name == "word_problems_held_out":
             return Dataset.from_list(word_problems.make_held_out(args.arithmetic_eval_size, seed))
         size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size

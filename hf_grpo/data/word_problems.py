@@ -65,6 +65,13 @@ QUESTION = {  # what is asked, by the last operation
     "*": ["How many {item} does {name} have now?", "How many {item} are there in all?"],
     "/": ["How many {item} are in each one?", "How many {item} does each get?"],
 }
+# The last step told in the question instead (a third of the problems): its number comes after every other.
+ASKED = {
+    "+": ["How many {item} does {name} have after getting {n} more?", "If {name} finds {n} more, how many are there?"],
+    "-": ["How many {item} are left after {name} gives away {n}?", "If {name} loses {n}, how many {item} are left?"],
+    "*": ["How many {item} are there if that number becomes {n} times larger?"],
+    "/": ["If {name} splits them into {n} equal piles, how many {item} are in each?"],
+}
 # A first step of its own shape: a multiplication told as packs (the count starts as their product).
 PACKED = ["{name} buys {a} {pack} with {b} {item} in each.", "{name} has {a} {pack}, each holding {b} {item}."]
 DISTRACTORS = ["{name} is {x} years old.", "{other} has {x} {other_item}.", "It is {x} degrees outside.",
@@ -90,12 +97,15 @@ def _step_number(rng: random.Random, total: int, op: str) -> int | None:
     return rng.choice(divisors) if divisors else None
 
 
-def make_problem(rng: random.Random) -> dict:
-    """One training problem: ``question``, ``answer`` (a worked line per operation, then ``#### N``), ``solution``."""
+def make_problem(rng: random.Random, max_steps: int = 3) -> dict:
+    """One training problem: ``question``, ``answer`` (a worked line per operation, then ``#### N``), ``solution``;
+    at most ``max_steps`` operations."""
     while True:
         name, item, pack = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(PACKS)
-        ops = [rng.choice("+-*/") for _ in range(rng.choice((1, 1, 2, 2, 3)))]
-        if rng.random() < 0.25:  # packs first: a multiplication of two numbers of the story
+        steps = rng.choice([n for n in (1, 1, 2, 2, 3) if n <= max_steps])
+        packed = rng.random() < 0.25  # packs first: a multiplication of two numbers of the story, one of the steps
+        ops = [rng.choice("+-*/") for _ in range(steps - packed)]
+        if packed:
             a, b = rng.randint(2, 9), rng.randint(2, 9)
             sentences, lines, total = [rng.choice(PACKED).format(name=name, a=a, b=b, item=item, pack=pack)], [], a * b
             lines.append(f"{a} * {b} = {total}")
@@ -114,14 +124,18 @@ def make_problem(rng: random.Random) -> dict:
             total = result
         if not ok or total < 1 or total >= 200:
             continue
+        last = ops[-1] if ops else "*"
+        question = rng.choice(QUESTION[last]).format(name=name, item=item)
+        if ops and rng.random() < 1 / 3:  # the last step asked in the question
+            sentences.pop()
+            question = rng.choice(ASKED[last]).format(name=name, item=item, n=n)
         if rng.random() < 1 / 3:  # a number that does not matter, anywhere but first
             other = rng.choice([n for n in NAMES if n != name])
             distractor = rng.choice(DISTRACTORS).format(
                 name=name, other=other, x=rng.randint(2, 40), other_item=rng.choice([i for i in ITEMS if i != item])
             )
             sentences.insert(rng.randint(1, len(sentences)), distractor)
-        last = ops[-1] if ops else "*"
-        sentences.append(rng.choice(QUESTION[last]).format(name=name, item=item))
+        sentences.append(question)
         return {
             "question": " ".join(sentences),
             "answer": "\n".join([*lines, f"#### {total}"]),
@@ -129,10 +143,12 @@ def make_problem(rng: random.Random) -> dict:
         }
 
 
-def make_train(n: int, seed: int) -> list[dict]:
-    """``n`` training problems, reproducible from ``seed``."""
+def make_train(n: int, seed: int, max_steps: int = 3) -> list[dict]:
+    """``n`` training problems of at most ``max_steps`` operations, reproducible from ``seed``."""
+    if not 1 <= max_steps <= 3:
+        raise ValueError(f"word_problems_max_steps must be 1, 2 or 3, got {max_steps!r}; set it in the recipe")
     rng = random.Random(f"word-problems-train-{seed}")
-    return [make_problem(rng) for _ in range(n)]
+    return [make_problem(rng, max_steps) for _ in range(n)]
 
 
 def _held_out(rng: random.Random, kind: str) -> dict:

@@ -93,6 +93,10 @@ def drop_missing_golds(dataset, gold_column: str | None):
 
 def eval_dataset(data: DataArguments, seed: int, split: str | None):
     """The problems to evaluate, as ``load_eval_dataset`` builds them, after the checks it does not make."""
+    name = data.resolved()["name"]
+    # a held-out set named by --dataset (arithmetic_transfer, word_problems_held_out) has one split: that one
+    if split is None and not data.eval_dataset_name and name in EMBEDDED and embedded_splits(name) == ["test"]:
+        split = "test"
     check_split(data, split)
     # without --split the loader reads the training data too (as training does), and the held-out data from it or
     # from eval_dataset_name

@@ -1,0 +1,60 @@
+"""The embedded word problems (``hf_grpo.data.word_problems``): every worked line is right arithmetic, the step count
+obeys ``word_problems_max_steps``, and the held-out kinds share no names and no question shapes with training."""
+
+from __future__ import annotations
+
+import doctest
+import re
+
+import pytest
+
+from hf_grpo.data import word_problems
+from hf_grpo.data.word_problems import HELD_OUT_KINDS, HELD_OUT_NAMES, make_held_out, make_train
+
+
+LINE = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+
+
+def check_worked(answer: str, solution: str, chained: bool = True) -> int:
+    """The number of worked lines of ``answer``, each checked (and, ``chained``, each feeding the next); the last
+    line is ``#### N``."""
+    *lines, last = answer.splitlines()
+    assert last == f"#### {solution}"
+    previous = None
+    for line in lines:
+        a, op, b, result = LINE.match(line).groups()
+        a, b, result = int(a), int(b), int(result)
+        assert result == {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op] and (op != "/" or a % b == 0), line
+        assert not chained or previous is None or a == previous, line
+        previous = result
+    assert str(previous) == solution
+    return len(lines)
+
+
+@pytest.mark.parametrize("max_steps", [1, 2, 3])
+def test_training_problems_are_right_and_no_longer_than_asked(max_steps):
+    problems = make_train(400, seed=3, max_steps=max_steps)
+    steps = [check_worked(p["answer"], p["solution"]) for p in problems]
+    assert max(steps) == max_steps and min(steps) == 1
+    ops = {line.split()[1] for p in problems for line in p["answer"].splitlines()[:-1]}
+    assert ops == set("+-*/")  # all four operations at every setting
+    assert not any(name in p["question"] for p in problems for name in HELD_OUT_NAMES)
+
+
+def test_a_step_count_out_of_range_names_the_key():
+    with pytest.raises(ValueError, match="word_problems_max_steps"):
+        make_train(4, seed=0, max_steps=4)
+
+
+def test_held_out_kinds_are_right_and_written_apart():
+    problems = make_held_out(120, seed=0)
+    assert [p["kind"] for p in problems[: len(HELD_OUT_KINDS)]] == list(HELD_OUT_KINDS)
+    for p in problems:
+        check_worked(p["answer"], p["solution"], chained=False)  # change: the bill minus the cost
+    train_openings = {p["question"].split()[1] for p in make_train(400, seed=0)}
+    held_out_openings = {p["question"].split()[1] for p in problems}
+    assert not train_openings & held_out_openings  # "A ticket costs", "Olga scored": no training opening
+
+
+def test_doctests():
+    assert doctest.testmod(word_problems).failed == 0
