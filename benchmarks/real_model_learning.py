@@ -131,6 +131,11 @@ def _question(record: dict) -> str:
     return (prompt if isinstance(prompt, str) else prompt[-1]["content"]).split("\n")[0]
 
 
+def passes(gain: dict, kinds: dict[str, dict]) -> bool:
+    """The bar: the whole gain's interval above ``LOW_BAR`` and no kind's interval below 0."""
+    return gain["ci95"][0] > LOW_BAR and not any(k["ci95"][1] < 0 for k in kinds.values())
+
+
 def format_plain(plain: dict) -> str:
     g = plain["gain"]
     fell = [kind for kind, k in plain["kinds"].items() if k["ci95"][1] < 0]
@@ -213,15 +218,11 @@ def main() -> int:
         print(format_row(seed, rows[seed]), flush=True)
         if format_kinds(rows[seed]):
             print(format_kinds(rows[seed]), flush=True)
-        ok = ok and rows[seed]["ci95"][0] > LOW_BAR and not any(g["ci95"][1] < 0 for g in rows[seed]["kinds"].values())
+        ok = ok and passes(rows[seed], rows[seed]["kinds"])
         if args.without_instruction:
             rows[seed]["without_instruction"] = plain = without_instruction(args.python, out)
             print(format_plain(plain), flush=True)
-            ok = (
-                ok
-                and plain["gain"]["ci95"][0] > LOW_BAR
-                and not any(k["ci95"][1] < 0 for k in plain["kinds"].values())
-            )
+            ok = ok and passes(plain["gain"], plain["kinds"])
     goal = sum(r["ci95"][0] >= GOAL for r in rows.values())
     print(f"\ninterval above 0 on {sum(r['ci95'][0] > LOW_BAR for r in rows.values())} of {len(args.seeds)} seeds; "
           f"lower bound >= {GOAL:+.2f} on {goal}")  # fmt: skip

@@ -128,7 +128,7 @@ def make_problem(rng: random.Random, max_steps: int = 3) -> dict:
         question = rng.choice(QUESTION[last]).format(name=name, item=item)
         if ops and rng.random() < 1 / 3:  # the last step asked in the question
             sentences.pop()
-            question = rng.choice(ASKED[last]).format(name=name, item=item, n=n)
+            question = rng.choice(ASKED[last]).format(name=name, item=item, n=n)  # n: the last step's number
         if rng.random() < 1 / 3:  # a number that does not matter, anywhere but first
             other = rng.choice([n for n in NAMES if n != name])
             distractor = rng.choice(DISTRACTORS).format(
