@@ -1,7 +1,7 @@
 """Does a real pretrained model learn with hf_grpo on this CPU? ``recipes/smollm2-135m-arith.yaml`` on several seeds.
 
     hf-grpo model get smollm2-135m-instruct-q4_1              # once: the model (hf_grpo.local_models)
-    python benchmarks/real_model_learning.py                  # seeds 0 1 2, one after another (~11-12 min each here)
+    python benchmarks/real_model_learning.py                  # seeds 0 1 2, one after another (10-23 min each, 2 cores)
     python benchmarks/real_model_learning.py --recipe recipes/smollm2-135m-reasoning.yaml
     python benchmarks/real_model_learning.py --seeds 0 --run-args "--max_steps 4"
     python benchmarks/real_model_learning.py --reuse          # only the table, from runs already in --out

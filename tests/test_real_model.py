@@ -29,12 +29,12 @@ pytestmark = [pytest.mark.vllm, REAL_VLLM]
 NAME = "smollm2-135m-instruct-q4_1"
 RECIPE = "recipes/smollm2-135m-arith.yaml"
 TIMEOUT = 1200
-# small enough for CI: 2 prompts x 4 samples of at most 24 tokens per step, 12 held-out problems, the checkpoint of
-# step 2 to resume from
+# small enough for CI: 2 warm-start steps of 4 solutions, 2 prompts x 4 samples of at most 24 tokens per step, 12
+# held-out problems, the checkpoint of step 2 to resume from
 SMALL = [
     "--generation.backend", "vllm_server",  # auto keeps a CPU's generation in-process
     "--num_generations", "4", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
-    "--max_completion_length", "24",
+    "--max_completion_length", "24", "--warm_start_steps", "2", "--warm_start_batch_size", "4",
     # the format paid whether or not the answer is right (the recipe pays it only with a right answer): in 24 tokens
     # an answer is seldom right, and a step moves the adapter only with a group whose rewards differ (with the
     # recipe's rewards, both steps of a CI run had none)

@@ -1,7 +1,8 @@
 """What the real-model recipe (``recipes/smollm2-135m-arith.yaml``) needs of the recipe layer, checked without the model:
 it names a model from the package index by its registered name, ``generation.backend: auto`` picks a vLLM server only
 where one can run, ``generation.cpus`` pins the server and training to separate cores, torch never runs more threads
-than the cores it may use, and the held-out set mixes the training templates with problems phrased otherwise.
+than the cores it may use, and the arithmetic held-out set mixes the training templates with problems phrased
+otherwise.
 
 The model itself, real vLLM and a real run are the third tier's (``tests/test_real_model.py``)."""
 
