@@ -9,10 +9,10 @@ import re
 import pytest
 
 from hf_grpo.data import word_problems
-from hf_grpo.data.word_problems import HELD_OUT_KINDS, HELD_OUT_NAMES, make_held_out, make_train
+from hf_grpo.data.word_problems import HELD_OUT_KINDS, HELD_OUT_NAMES, ITEMS, PACKS, make_held_out, make_train
 
 
-LINE = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+LINE = re.compile(r"^(?:[^:]+: )?(\d+) ([-+*/]) (\d+) = (\d+)$")  # named_lines: "4 bags of 6 marbles: 4 * 6 = 24"
 
 
 def check_worked(answer: str, solution: str, chained: bool = True) -> int:
@@ -39,6 +39,24 @@ def test_training_problems_are_right_and_no_longer_than_asked(max_steps):
     ops = {line.split()[1] for p in problems for line in p["answer"].splitlines()[:-1]}
     assert ops == set("+-*/")  # all four operations at every setting
     assert not any(name in p["question"] for p in problems for name in HELD_OUT_NAMES)
+
+
+def test_named_lines_name_what_they_count_on_the_same_problems():
+    plain, named = make_train(300, seed=5, max_steps=2), make_train(300, seed=5, max_steps=2, named_lines=True)
+    assert [p["question"] for p in plain] == [p["question"] for p in named]
+    for p, q in zip(plain, named, strict=True):
+        assert check_worked(q["answer"], q["solution"]) == check_worked(p["answer"], p["solution"])
+        for bare, line in zip(p["answer"].splitlines()[:-1], q["answer"].splitlines()[:-1], strict=True):
+            label, equation = line.split(": ")
+            assert equation == bare
+            a, op, b = bare.split()[:3]
+            labels = {
+                "+": {f"{b} more"},
+                "-": {f"{b} fewer"},
+                "*": {f"{b} times as many"} | {f"{a} {pack} of {b} {item}" for pack in PACKS for item in ITEMS},
+                "/": {f"{a} {item} in {b} equal parts" for item in ITEMS},
+            }
+            assert label in labels[op], line
 
 
 def test_a_step_count_out_of_range_names_the_key():

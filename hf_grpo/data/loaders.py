@@ -116,6 +116,10 @@ class DataArguments(ScriptArguments):
             Most operations (worked lines) in an embedded `word_problems` training problem, 1 to 3: 1 keeps the
             one-step problems a small base model can already solve now and then (GRPO needs a right answer in some
             of a group's samples to learn from).
+        word_problems_named_lines (`bool`, defaults to `False`):
+            Whether each worked line of an embedded `word_problems` gold answer names what it counts before its
+            equation (`4 bags of 6 marbles: 4 * 6 = 24`, `12 eggs in 3 equal parts: 12 / 3 = 4`); the problems are
+            the same either way. What a warm start teaches the model to write.
         dataset_mirror (`dict[str, str]`, *optional*):
             Local `.jsonl` / `.json` / `.parquet` / `.csv` files that stand in for hub splits, keyed `<hub id>:<split>`
             (for example `openai/gsm8k:test`). Everything else (presets, columns, which split is the held-out one)
@@ -155,6 +159,12 @@ class DataArguments(ScriptArguments):
     )
     word_problems_max_steps: int = field(
         default=3, metadata={"help": "Most operations in a `word_problems` training problem (1 to 3)."}
+    )
+    word_problems_named_lines: bool = field(
+        default=False,
+        metadata={
+            "help": "Gold lines of `word_problems` name what they count first: `4 bags of 6 marbles: 4 * 6 = 24`."
+        },
     )
     dataset_mirror: dict[str, str] | None = field(
         default=None,
@@ -319,7 +329,9 @@ def _load_raw(name: str, config: str | None, split: str, args: DataArguments, se
             return Dataset.from_list(arithmetic.HELD_OUT_SETS[name](args.arithmetic_eval_size, seed))
         if name == "word_problems":
             return Dataset.from_list(
-                word_problems.make_train(args.arithmetic_train_size, seed, args.word_problems_max_steps)
+                word_problems.make_train(
+                    args.arithmetic_train_size, seed, args.word_problems_max_steps, args.word_problems_named_lines
+                )
             )
         if name == "word_problems_held_out":
             return Dataset.from_list(word_problems.make_held_out(args.arithmetic_eval_size, seed))

@@ -97,9 +97,19 @@ def _step_number(rng: random.Random, total: int, op: str) -> int | None:
     return rng.choice(divisors) if divisors else None
 
 
-def make_problem(rng: random.Random, max_steps: int = 3) -> dict:
+# What a worked line counts, named before its equation (``named_lines``): "4 bags of 6 marbles: 4 * 6 = 24".
+NAMED = {
+    "+": "{n} more: ",
+    "-": "{n} fewer: ",
+    "*": "{n} times as many: ",
+    "/": "{total} {item} in {n} equal parts: ",
+}
+
+
+def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = False) -> dict:
     """One training problem: ``question``, ``answer`` (a worked line per operation, then ``#### N``), ``solution``;
-    at most ``max_steps`` operations."""
+    at most ``max_steps`` operations. ``named_lines``: each line names what it counts first (``NAMED``); the same
+    draws from ``rng`` either way, so the problems are the same."""
     while True:
         name, item, pack = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(PACKS)
         steps = rng.choice([n for n in (1, 1, 2, 2, 3) if n <= max_steps])
@@ -108,7 +118,7 @@ def make_problem(rng: random.Random, max_steps: int = 3) -> dict:
         if packed:
             a, b = rng.randint(2, 9), rng.randint(2, 9)
             sentences, lines, total = [rng.choice(PACKED).format(name=name, a=a, b=b, item=item, pack=pack)], [], a * b
-            lines.append(f"{a} * {b} = {total}")
+            lines.append((f"{a} {pack} of {b} {item}: " if named_lines else "") + f"{a} * {b} = {total}")
         else:
             total = rng.randint(3, 30)
             sentences, lines = [rng.choice(START).format(name=name, a=total, item=item)], []
@@ -120,7 +130,8 @@ def make_problem(rng: random.Random, max_steps: int = 3) -> dict:
                 break
             sentences.append(rng.choice(STEPS[op]).format(name=name, n=n, item=item, pack=pack))
             result = _apply(total, op, n)
-            lines.append(f"{total} {op} {n} = {result}")
+            named = NAMED[op].format(n=n, total=total, item=item) if named_lines else ""
+            lines.append(f"{named}{total} {op} {n} = {result}")
             total = result
         if not ok or total < 1 or total >= 200:
             continue
@@ -143,12 +154,13 @@ def make_problem(rng: random.Random, max_steps: int = 3) -> dict:
         }
 
 
-def make_train(n: int, seed: int, max_steps: int = 3) -> list[dict]:
-    """``n`` training problems of at most ``max_steps`` operations, reproducible from ``seed``."""
+def make_train(n: int, seed: int, max_steps: int = 3, named_lines: bool = False) -> list[dict]:
+    """``n`` training problems of at most ``max_steps`` operations, reproducible from ``seed`` (``named_lines``:
+    see ``make_problem``)."""
     if not 1 <= max_steps <= 3:
         raise ValueError(f"word_problems_max_steps must be 1, 2 or 3, got {max_steps!r}; set it in the recipe")
     rng = random.Random(f"word-problems-train-{seed}")
-    return [make_problem(rng, max_steps) for _ in range(n)]
+    return [make_problem(rng, max_steps, named_lines) for _ in range(n)]
 
 
 def _held_out(rng: random.Random, kind: str) -> dict:
