@@ -12,17 +12,17 @@ from hf_grpo.data import word_problems
 from hf_grpo.data.word_problems import HELD_OUT_KINDS, HELD_OUT_NAMES, ITEMS, PACKS, make_held_out, make_train
 
 
-LINE = re.compile(r"^(?:[^:]+: )?(\d+) ([-+*/]) (\d+) = (\d+)$")  # named_lines: "4 bags of 6 marbles: 4 * 6 = 24"
+LINE = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
 
 
-def check_worked(answer: str, solution: str, chained: bool = True) -> int:
+def check_worked(answer: str, solution: str, chained: bool = True, named: bool = False) -> int:
     """The number of worked lines of ``answer``, each checked (and, ``chained``, each feeding the next); the last
     line is ``#### N``."""
     *lines, last = answer.splitlines()
     assert last == f"#### {solution}"
     previous = None
     for line in lines:
-        a, op, b, result = LINE.match(line).groups()
+        a, op, b, result = LINE.match(line.split(": ")[1] if named else line).groups()  # named: "label: a op b = c"
         a, b, result = int(a), int(b), int(result)
         assert result == {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op] and (op != "/" or a % b == 0), line
         assert not chained or previous is None or a == previous, line
@@ -45,7 +45,7 @@ def test_named_lines_name_what_they_count_on_the_same_problems():
     plain, named = make_train(300, seed=5, max_steps=2), make_train(300, seed=5, max_steps=2, named_lines=True)
     assert [p["question"] for p in plain] == [p["question"] for p in named]
     for p, q in zip(plain, named, strict=True):
-        assert check_worked(q["answer"], q["solution"]) == check_worked(p["answer"], p["solution"])
+        assert check_worked(q["answer"], q["solution"], named=True) == check_worked(p["answer"], p["solution"])
         for bare, line in zip(p["answer"].splitlines()[:-1], q["answer"].splitlines()[:-1], strict=True):
             label, equation = line.split(": ")
             assert equation == bare
