@@ -70,6 +70,11 @@ def trained_and_built(out) -> tuple[dict, dict]:
     return load_file(out / "model.safetensors"), load_file(os.path.join(built, "model.safetensors"))
 
 
+def warm_steps(values: dict) -> int:
+    """The steps of a pretrained policy's warm start on its adapter (the embedded tiny model is built warm)."""
+    return values.get("warm_start_steps", 0) if values.get("model_name_or_path") != "tiny" else 0
+
+
 def assert_trained(out, values: dict, history: list[dict]) -> None:
     """The policy's weights moved: the LoRA B matrices left zero, or the full model differs from the built one.
 
@@ -78,11 +83,23 @@ def assert_trained(out, values: dict, history: list[dict]) -> None:
     problems right, and on some random streams every sample of both steps scored the same (a full fine-tune on one
     machine's floating-point path; qwen1.5b-gsm8k-8gb's LoRA once HF generate drew one uniform per row). Without such
     a group the weights must stay exactly as built, with gradient norm 0; EVERY_WEIGHT_MOVES and the
-    dynamic-sampling recipes then show the same setups moving their weights."""
+    dynamic-sampling recipes then show the same setups moving their weights.
+
+    A warm-started LoRA recipe (the real-model ones: the miniature keeps their warm start) has moved LoRA B before
+    GRPO starts, so GRPO's own part is read from its gradient norms: above 0 on some step if a group had differing
+    rewards, or if the recipe has a KL term (``beta``: the warm-started adapter is away from its reference, the
+    adapter switched off) and no dynamic sampling (whose fill groups are masked out of the loss), else 0 on every
+    step. Warm-started on smollm2-135m-arith's named gold lines (``7 jars of 9 apples: 7 * 9 = 63``), the 2-layer
+    policy writes runs of digits and may score nothing: that miniature then checks the zero gradient."""
     signal = any(r["frac_reward_zero_std"] < 1 for r in history)  # a group with a learning signal
     if values.get("use_peft"):
         adapter = load_file(out / "adapter_model.safetensors")
         moved = any(t.abs().sum() > 0 for name, t in adapter.items() if "lora_B" in name)
+        if warm_steps(values):
+            pulled = signal or (values.get("beta", 0.0) > 0 and not values.get("dynamic_sampling"))
+            grads = [r["grad_norm"] for r in history]
+            assert moved and (max(grads) > 0 if pulled else max(grads) == 0), (moved, signal, grads)
+            return
         assert moved if signal else not moved and all(r["grad_norm"] == 0 for r in history), ("LoRA B moved:", moved)
         return
     trained, base = trained_and_built(out)
@@ -119,7 +136,7 @@ def assert_generation_layout(out, values: dict, log: str) -> None:
 def assert_first_run(out, values: dict, log: str) -> dict:
     """What a recipe's miniature promises after its two steps; returns the resolved recipe (``recipe.yaml``)."""
     assert "training on 2 process(es)" in log
-    warm = values.get("warm_start_steps", 0) if values.get("model_name_or_path") != "tiny" else 0
+    warm = warm_steps(values)
     if warm:  # a pretrained policy's warm start, on both processes (then process 0's weights everywhere)
         assert f"warm start: {warm} steps" in log
     config = values.get("accelerate_config")
