@@ -26,7 +26,10 @@ What it prints per seed, all read from the run's own files:
 - wall seconds of the whole command (``time.perf_counter`` around the process: model load, both evaluations,
   training, reports), the training loop's seconds (``train_runtime``) and the mean seconds per optimizer step by
   phase from ``training_history.json`` (``time/generate``, ``time/reward``, ``time/score``, ``time/train``,
-  ``time/weight_sync``; the first step included).
+  ``time/weight_sync``; the first step included);
+- the seconds of each held-out evaluation in the run (``eval_results.json`` ``seconds``): before and after, and the
+  run watch's own (step 0 after a warm start, the periodic ones, the kept adapter's evaluation after training), as a
+  share of the wall time without them: what the watch adds to a run.
 
 The bar (issues 29 and 58): on each seed the interval lies above 0 and no kind's lies below 0 (with
 ``--without-instruction``, for both prompts); the goal is a lower bound of +0.05. Exit status 1 when a seed misses.
@@ -97,6 +100,7 @@ def summarize(out: Path, seconds: float) -> dict:
     for phase in (*PHASES, "step"):
         values = [r[f"time/{phase}"] for r in steps if f"time/{phase}" in r]
         row[f"s_{phase}"] = sum(values) / len(values) if values else 0.0
+    row["eval_seconds"] = json.loads((out / "eval_results.json").read_text()).get("seconds", [])
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
     row["backend"] = (recipe.get("generation") or {}).get("backend") or "transformers"
     return row
@@ -176,6 +180,25 @@ def format_kinds(row: dict) -> str:
     return "      per kind: " + "; ".join(parts) if parts else ""
 
 
+def format_seconds(row: dict) -> str:
+    """One line: the run's held-out evaluations in seconds; all but the first before and after are the watch's (a
+    second ``after`` is the kept adapter's)."""
+    if not row["eval_seconds"]:
+        return ""
+    first, watch = {}, []
+    for label, seconds in row["eval_seconds"]:
+        if label in ("before", "after") and label not in first:
+            first[label] = seconds
+        else:
+            watch.append(("after (kept)" if label == "after" else label, seconds))
+    theirs = sum(s for _, s in watch)
+    return (
+        f"      evaluations: before {first.get('before', 0):.0f} s, after {first.get('after', 0):.0f} s; the watch's "
+        f"({', '.join(label for label, _ in watch) or 'none'}): {theirs:.0f} s, "
+        f"{theirs / max(row['wall'] - theirs, 1e-9):.1%} of the wall time without them"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="recipes/smollm2-135m-arith.yaml")
@@ -216,8 +239,9 @@ def main() -> int:
             continue
         rows[seed] = summarize(out, seconds)
         print(format_row(seed, rows[seed]), flush=True)
-        if format_kinds(rows[seed]):
-            print(format_kinds(rows[seed]), flush=True)
+        for line in (format_kinds(rows[seed]), format_seconds(rows[seed])):
+            if line:
+                print(line, flush=True)
         ok = ok and passes(rows[seed], rows[seed]["kinds"])
         if args.without_instruction:
             rows[seed]["without_instruction"] = plain = without_instruction(args.python, out)

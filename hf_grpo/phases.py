@@ -77,6 +77,7 @@ def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, o
 
         results["gain"] = paired_gain_of_run(args.output_dir)
         results["settings"] = eval_settings(recipe, evaluator)
+        results["seconds"] = [list(pair) for pair in evaluator.seconds]  # each evaluation's, the watch's included
         write_json(Path(args.output_dir) / EVAL_FILE, results)
         logger.info(
             "held-out accuracy: before %.3f, after %.3f", results["before"]["accuracy"], results["after"]["accuracy"]

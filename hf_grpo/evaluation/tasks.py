@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,6 +97,7 @@ class TaskEvaluator:
         self.pool = pool
         self._own_pool: RewardPool | None = None
         self.last_records: list[dict] = []  # the per-problem records of the last evaluation
+        self.seconds: list[tuple[str, float]] = []  # (label, wall seconds) of each evaluation, in order
 
     def grading(self, trainer=None) -> tuple[RewardPool, float]:
         """(pool, timeout per completion) for the next evaluation; starts the evaluator's own pool when needed."""
@@ -118,7 +120,7 @@ class TaskEvaluator:
 
     def run(self, model, tokenizer, label: str, trainer=None, max_samples: int | None = None) -> dict:
         """Greedy accuracy of ``model`` on the held-out set (all processes must call this together)."""
-        state = PartialState()
+        state, start = PartialState(), time.perf_counter()
         pool, timeout = self.grading(trainer)
         n = len(self.dataset) if max_samples is None else min(max_samples, len(self.dataset))
         with state.split_between_processes(list(range(n)), apply_padding=True) as shard:
@@ -141,18 +143,20 @@ class TaskEvaluator:
                 record["kind"] = kind
         self.last_records = records  # every process: the run watch reads them (hf_grpo.watch)
         summary = summarize(records)
+        self.seconds.append((label, round(time.perf_counter() - start, 1)))
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             with open(self.output_dir / EVAL_RECORDS.format(label=label), "w") as f:
                 f.writelines(json.dumps(record) + "\n" for record in records)
             logger.info(
                 "held-out accuracy (%s): %.3f (%d correct, %d wrong, %d unparseable, %d grading timeouts, "
-                "%d grading errors of %d), generated on %s",
+                "%d grading errors of %d), generated on %s in %.0f s",
                 label,
                 summary["accuracy"],
                 *(summary[g] for g in EVAL_GRADES),  # correct, wrong, unparseable, timeout, error
                 n,
                 describe(device),
+                self.seconds[-1][1],
             )
         return summary
 
