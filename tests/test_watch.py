@@ -183,3 +183,35 @@ def test_a_finding_stops_a_tiny_run_cleanly_and_every_output_names_it(tmp_path, 
     summary = (out / "summary.md").read_text()
     assert "## Run watch" in summary and "stopped at step 2 (degraded: collapse)" in summary
     assert (out / "adapter_model.safetensors").is_file() and (out / "training_curves.png").is_file()
+
+
+@pytest.mark.slow
+def test_the_watch_and_its_evaluations_leave_the_training_stream_as_it_was(tmp_path):
+    """The same tiny run with the watch and a held-out evaluation every step, and with neither: every step's loss,
+    reward and gradient norm are the same bits, and so is the adapter (the greedy evaluations draw no random numbers
+    and the adapter copies change no weight); the watched run's evaluations are in eval_results.json's seconds."""
+    from safetensors.torch import load_file
+
+    from hf_grpo.train import main
+
+    common = [
+        "recipes/tiny.yaml", "--max_steps", "3", "--warm_start_steps", "20", "--arithmetic_train_size", "64",
+        "--arithmetic_eval_size", "16", "--per_device_train_batch_size", "16", "--num_generations", "4",
+        "--max_completion_length", "8", "--max_generation_batches", "2", "--logging_steps", "1",
+        "--report_to", "none", "--task_eval_max_samples", "8",
+    ]  # fmt: skip
+    watched, plain = tmp_path / "watched", tmp_path / "plain"
+    assert main([*common, "--output_dir", str(watched), "--task_eval_steps", "1"]) == 0
+    assert main([*common, "--output_dir", str(plain), "--task_eval_steps", "0", "--watch", "false"]) == 0
+
+    def steps(out):
+        history = json.loads((out / "training_history.json").read_text())
+        return [(r["step"], r["loss"], r["reward"], r["grad_norm"]) for r in history if "reward" in r]
+
+    assert len(steps(watched)) == 3 and steps(watched) == steps(plain)
+    results = json.loads((watched / "eval_results.json").read_text())
+    assert [label for label, _ in results["seconds"]] == ["before", "step1", "step2", "step3", "after"]
+    assert "watch" not in json.loads((plain / "eval_results.json").read_text())
+    if "kept" not in results:  # else the watch kept an earlier adapter, which is its job
+        a, b = (load_file(out / "adapter_model.safetensors") for out in (watched, plain))
+        assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)

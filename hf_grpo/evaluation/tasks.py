@@ -143,7 +143,7 @@ class TaskEvaluator:
                 record["kind"] = kind
         self.last_records = records  # every process: the run watch reads them (hf_grpo.watch)
         summary = summarize(records)
-        self.seconds.append((label, round(time.perf_counter() - start, 1)))
+        self.seconds.append((label, round(time.perf_counter() - start, 3)))
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             with open(self.output_dir / EVAL_RECORDS.format(label=label), "w") as f:
