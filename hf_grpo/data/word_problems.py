@@ -104,6 +104,7 @@ NAMED = {
     "*": "{n} times as many: ",
     "/": "{total} {item} in {n} equal parts: ",
 }
+NAMED_PACKS = "{a} {pack} of {b} {item}: "  # the first line of a story that starts with packs: a * b
 
 
 def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = False) -> dict:
@@ -118,7 +119,8 @@ def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = Fal
         if packed:
             a, b = rng.randint(2, 9), rng.randint(2, 9)
             sentences, lines, total = [rng.choice(PACKED).format(name=name, a=a, b=b, item=item, pack=pack)], [], a * b
-            lines.append((f"{a} {pack} of {b} {item}: " if named_lines else "") + f"{a} * {b} = {total}")
+            named = NAMED_PACKS.format(a=a, b=b, pack=pack, item=item) if named_lines else ""
+            lines.append(f"{named}{a} * {b} = {total}")
         else:
             total = rng.randint(3, 30)
             sentences, lines = [rng.choice(START).format(name=name, a=total, item=item)], []
