@@ -9,6 +9,7 @@ Where torch is made to see a GPU (``cuda_visible``), no model is moved there: th
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -138,4 +139,5 @@ def test_a_held_out_evaluation_names_where_it_generated(tmp_path, caplog):
         evaluator.close()
     assert summary["total"] == 2
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("held-out accuracy (before): ")]
-    assert line.endswith("of 2), generated on cpu"), line
+    assert re.search(r"of 2\), generated on cpu in \d+ s$", line), line
+    assert [label for label, _ in evaluator.seconds] == ["before"]
