@@ -100,7 +100,7 @@ def summarize(out: Path, seconds: float) -> dict:
     for phase in (*PHASES, "step"):
         values = [r[f"time/{phase}"] for r in steps if f"time/{phase}" in r]
         row[f"s_{phase}"] = sum(values) / len(values) if values else 0.0
-    row["eval_seconds"] = json.loads((out / "eval_results.json").read_text()).get("seconds", [])
+    row["eval_seconds"] = json.loads((out / "eval_results.json").read_text()).get("seconds", {})
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
     row["backend"] = (recipe.get("generation") or {}).get("backend") or "transformers"
     return row
@@ -185,12 +185,8 @@ def format_seconds(row: dict) -> str:
     second ``after`` is the kept adapter's)."""
     if not row["eval_seconds"]:
         return ""
-    first, watch = {}, []
-    for label, seconds in row["eval_seconds"]:
-        if label in ("before", "after") and label not in first:
-            first[label] = seconds
-        else:
-            watch.append(("after (kept)" if label == "after" else label, seconds))
+    first = {label: row["eval_seconds"][label] for label in ("before", "after") if label in row["eval_seconds"]}
+    watch = [(label, seconds) for label, seconds in row["eval_seconds"].items() if label not in first]
     theirs = sum(s for _, s in watch)
     return (
         f"      evaluations: before {first.get('before', 0):.0f} s, after {first.get('after', 0):.0f} s; the watch's "
