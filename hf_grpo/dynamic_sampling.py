@@ -291,11 +291,18 @@ class DynamicSampler:
         return self.accelerator.gather(torch.tensor([value], device=self.accelerator.device))  # [P]
 
     def batch(
-        self, inputs: list[dict], step: int, score: ScoreRound, old_logps: OldLogps, token_keys: tuple[str, ...]
+        self,
+        inputs: list[dict],
+        step: int,
+        score: ScoreRound,
+        old_logps: OldLogps,
+        token_keys: tuple[str, ...],
+        reference_logps: OldLogps | None = None,
     ) -> tuple[dict, dict[str, float]]:
         """Step ``step``'s batch for this process from the dataloader's ``inputs`` (``num_generations`` rows per
         prompt): rounds of ``score`` until every process holds as many kept groups as ``inputs`` has, or
-        ``max_rounds``; then the batch and the step's metrics (``dynamic_sampling/*``, ``selection/*``)."""
+        ``max_rounds``; then the batch and the step's metrics (``dynamic_sampling/*``, ``selection/*``).
+        ``reference_logps``: the rounds did not compute ``ref_per_token_logps``; it runs once on the batch."""
         needed = len(inputs) // self.num_generations  # groups this process trains on
         metrics = {}
         if self.max_staleness is not None:  # carried groups older than generation.max_staleness are not trained on
@@ -314,7 +321,11 @@ class DynamicSampler:
             if any("old_per_token_logps" in g for g in batch_groups):
                 missing += [g for g in batch_groups if "old_per_token_logps" not in g]
             self._fill_old_logps(missing, batch_groups[0], old_logps, token_keys)
+        if reference_logps is not None:  # a group carried from a checkpoint may hold them: the batch gets one pass
+            batch_groups = [{k: v for k, v in g.items() if k != "ref_per_token_logps"} for g in batch_groups]
         batch = collate_groups(batch_groups, self.pad_token_id, token_keys)
+        if reference_logps is not None:  # every process makes one pass (a collective under ZeRO-3)
+            batch["ref_per_token_logps"] = reference_logps(batch)  # [B, C], before fill rows lose their mask
         if filled:  # fill groups come last; out of the loss, or beta > 0 adds their KL gradient and dapo their tokens
             batch["completion_mask"][-filled * self.num_generations :] = 0  # [B, C]
             rows = batch["advantages"].size(0)  # [B]: out of the row count of row-mean losses too (compute_loss)

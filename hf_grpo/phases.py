@@ -77,21 +77,12 @@ def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, o
 
         results["gain"] = paired_gain_of_run(args.output_dir)
         results["settings"] = eval_settings(recipe, evaluator)
-        results["seconds"] = eval_seconds(evaluator.seconds)
+        results["seconds"] = evaluator.seconds
         write_json(Path(args.output_dir) / EVAL_FILE, results)
         logger.info(
             "held-out accuracy: before %.3f, after %.3f", results["before"]["accuracy"], results["after"]["accuracy"]
         )
     return results
-
-
-def eval_seconds(timed: list[tuple[str, float]]) -> dict[str, float]:
-    """Each evaluation's seconds by label, in order (the watch's included); a second ``after`` is the kept adapter's,
-    ``after (kept)``. A dict of numbers, as the notebooks' tables read ``eval_results.json``."""
-    seconds: dict[str, float] = {}
-    for label, value in timed:
-        seconds[f"{label} (kept)" if label in seconds else label] = value
-    return seconds
 
 
 def start_watch(recipe: Recipe, trainer, evaluator, history, fresh: bool):

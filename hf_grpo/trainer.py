@@ -18,9 +18,8 @@ import trl
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
-from trl.models.utils import disable_gradient_checkpointing
 
-from . import micro_batches, shared_prompts
+from . import batch_logps, micro_batches, shared_prompts
 from .advantages import leave_one_out_advantages, relog_advantages
 from .checkpoints import keep_best, listing, read_manifest, write_manifest
 from .config import hf_config
@@ -73,6 +72,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         overlap = generator is not None and generator.max_staleness is not None  # generation.overlap
         self._ahead = self._lookahead() if overlap else None
         self._sampler = self._dynamic_sampler() if self.args.dynamic_sampling or overlap else None
+        # dynamic sampling's rounds leave the KL term's reference pass to the assembled batch (batch_logps.py)
+        self._defer_reference = self.args.dynamic_sampling and batch_logps.defers_reference(self)
         self.reward_health = RewardHealth(self.reward_func_names)
         if is_peft_model(self.model):  # PEFT's save writes a README.md over any: the run's card is hf_grpo.card's
             self.model.create_or_update_model_card = lambda output_dir: None
@@ -359,7 +360,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if mode == "train" and self.args.dynamic_sampling:
             step, token_keys = self.state.global_step + 1, self._token_level_keys()
-            output, metrics = self._sampler.batch(inputs, step, self._score_round, self._old_logps, token_keys)
+            old_logps = lambda batch: batch_logps.policy_logps(self, batch)  # noqa: E731
+            reference = (lambda batch: batch_logps.reference_logps(self, batch)) if self._defer_reference else None
+            output, metrics = self._sampler.batch(
+                inputs, step, self._score_round, old_logps, token_keys, reference_logps=reference
+            )
             for name, value in metrics.items():
                 self.record_metric(name, value)
         else:
@@ -394,8 +399,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         return output, rewards
 
     def _score_round(self, inputs) -> tuple[dict, torch.Tensor]:
-        """A dynamic-sampling round: the scored batch and the values its groups are filtered on. [B*G global]"""
-        output, rewards = self._score(inputs, mode="train")
+        """A dynamic-sampling round: the scored batch and the values its groups are filtered on. [B*G global]
+        With a KL term the round skips TRL's reference pass; the sampler runs it once on the batch that trains."""
+        with batch_logps.rounds_skip_reference(self, self._defer_reference):
+            output, rewards = self._score(inputs, mode="train")
         return output, self.total_rewards(rewards) if self._filter_column is None else rewards[:, self._filter_column]
 
     def _log_advantages(self, advantages: torch.Tensor, mode: str = "train") -> None:
@@ -405,20 +412,6 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     # ----------------------------------------------------------------------------------------------------------------
     # Dynamic sampling
-
-    def _old_logps(self, batch: dict) -> torch.Tensor:
-        """Per-token log-probs of ``batch``'s completions under the current policy (no grad). [B, C]."""
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # [B, P+C]
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # [B, P+C]
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                batch["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        return logps  # [B, C]
 
     def _token_level_keys(self) -> tuple[str, ...]:
         token_is = (

@@ -36,6 +36,7 @@ LAYERS = [
         "process_layout",
         "shared_prompts",
         "micro_batches",
+        "batch_logps",
     ],
     ["launch", "miniature"],
     ["recipe"],

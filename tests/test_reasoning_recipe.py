@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_grpo.data.arithmetic import REASONING_KINDS, TWO_STEP, make_reasoning_split, make_split
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
-from hf_grpo.warm_start import sft_batch, sft_example, warm_start
+from hf_grpo.warm_start import sft_batch, sft_example, sft_loss, warm_start
 
 from .helpers.launching import run_train
 
@@ -81,6 +81,31 @@ def test_the_warm_start_trains_only_the_adapter_and_teaches_the_worked_answers(p
     assert loss_after < 0.8 * loss_before and losses[-1] < losses[0], (loss_before, loss_after)
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
     assert changed and all("lora_" in name for name in changed)
+
+
+def test_the_warm_start_loss_is_the_models_own_loss_with_logits_only_where_labels_are(policy_dir):
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(policy_dir), LoraConfig(r=8, target_modules="all-linear")
+    )
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # LoRA B starts at zero: give the adapter a gradient path of its own
+            torch.nn.init.normal_(param, std=0.02)
+    # Prompts of different lengths (one a multi-step problem), so the kept positions start inside some prompts
+    pairs = [([{"role": "user", "content": p["question"]}], p["answer"]) for p in make_split("train", 6, 0, 1.0)]
+    pairs.append(("short", "1 + 1 = 2\n#### 2"))
+    batch = sft_batch([sft_example(tokenizer, *pair) for pair in pairs], tokenizer.pad_token_id)
+    assert len({int((row != -100).int().argmax()) for row in batch["labels"]}) > 1
+    grads = []
+    for loss_of in (lambda: model(**batch).loss, lambda: sft_loss(model, batch)):
+        model.zero_grad(set_to_none=True)
+        loss = loss_of()
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    (full, full_grads), (trimmed, trimmed_grads) = grads
+    torch.testing.assert_close(trimmed, full, rtol=1e-6, atol=1e-6)
+    for a, b in zip(full_grads, trimmed_grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_a_run_warm_starts_a_pretrained_policy_after_its_before_evaluation_and_not_again_on_resume(

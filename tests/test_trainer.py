@@ -56,8 +56,8 @@ def logged(trainer, key):
 def capture_batches(trainer) -> list[dict]:
     batches, original = [], trainer._sampler.batch
 
-    def spy(*args):
-        batch, metrics = original(*args)
+    def spy(*args, **kwargs):
+        batch, metrics = original(*args, **kwargs)
         batches.append(batch)
         return batch, metrics
 
@@ -186,9 +186,9 @@ def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
     trainer = make_trainer(tiny, tmp_path, reward=reward_scripts.half_varying, dynamic_sampling=True, max_steps=3)
     seen, original = [], trainer._sampler.batch  # (adapter when assembled, batch, rows carried out of the step)
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         params = trainable(trainer)
-        batch, metrics = original(*args)
+        batch, metrics = original(*args, **kwargs)
         carry = set()
         for g in trainer._sampler.pool.groups:
             carry |= set(rows(g["prompt_ids"], g["prompt_mask"], g["completion_ids"], g["completion_mask"]))
@@ -214,6 +214,45 @@ def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
         assert moved > 1e-3, "the policy did not move between the steps: the check could not tell them apart"
         checked += 1
     assert checked, "no batch mixed carried and fresh groups"
+
+
+def test_the_kl_reference_runs_once_a_step_on_the_batch_and_trains_as_trls_per_round_pass(tiny, tmp_path):
+    """With beta > 0 TRL runs the reference over every dynamic-sampling round, the dropped groups' too; ours runs it
+    once on the batch that trains (hf_grpo/batch_logps.py). The same run with TRL's per-round pass trains on the same
+    batches, the reference log-probs equal to 1e-5, and logs the same losses and KL."""
+    from hf_grpo import batch_logps
+
+    runs = []
+    for defer in (True, False):
+        trainer = make_trainer(
+            tiny, tmp_path / str(defer), reward=reward_scripts.half_varying, dynamic_sampling=True, max_steps=3,
+            beta=0.2, max_generation_batches=10,
+        )  # fmt: skip
+        assert trainer._defer_reference  # the default with a KL term: switched off here for TRL's path
+        trainer._defer_reference = defer
+        passes = []
+
+        def counted(trainer, batch, passes=passes, original=batch_logps.reference_logps):
+            passes.append(1)
+            return original(trainer, batch)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(batch_logps, "reference_logps", counted)
+            batches = capture_batches(trainer)
+            trainer.train()
+        runs.append((trainer, batches, len(passes)))
+    (ours, our_batches, our_passes), (trls, trl_batches, trl_passes) = runs
+    assert sum(logged(ours, "dynamic_sampling/rounds")) > 3, "every step took one round: nothing to save"
+    assert our_passes == 3 and trl_passes == 0  # TRL's per-round pass is inline in TRL, not this function
+    for a, b in zip(our_batches, trl_batches, strict=True):
+        assert a.keys() == b.keys()
+        mask = a["completion_mask"].bool()
+        torch.testing.assert_close(a["ref_per_token_logps"][mask], b["ref_per_token_logps"][mask], atol=1e-5, rtol=0)
+        for key in a.keys() - {"ref_per_token_logps"}:
+            assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key], key
+    for key in ("loss", "kl", "grad_norm"):
+        assert logged(ours, key) == pytest.approx(logged(trls, key), rel=1e-4, abs=1e-6), key
+    assert max(logged(ours, "kl")) > 0  # the policy moved off the reference after step 1
 
 
 @pytest.mark.parametrize("reward", [reward_scripts.always_zero, reward_scripts.always_one], ids=["all0", "all1"])

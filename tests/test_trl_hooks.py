@@ -365,11 +365,49 @@ def scored(tmp_path_factory):
 
 
 def test_old_logps_match_trls(scored):
+    from hf_grpo import batch_logps
+
     trainer, output = scored
     assert output.get("old_per_token_logps") is not None, "TRL no longer computes old log-probs in this setting"
-    ours = trainer._old_logps(output)  # [B, C]
+    ours = batch_logps.policy_logps(trainer, output)  # [B, C]
     mask = output["completion_mask"].bool()
     assert torch.allclose(ours[mask], output["old_per_token_logps"][mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("reference", ["adapter_off", "ref_model"])
+def test_reference_logps_match_trls(policy_dir, tmp_path, reference):
+    """The KL term's reference pass that dynamic sampling runs once on the assembled batch (batch_logps) gives TRL's
+    own ref_per_token_logps of the same batch: the LoRA adapter switched off, or the ref_model TRL loads."""
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    from hf_grpo import batch_logps
+    from hf_grpo.config import HfGRPOConfig
+
+    from .helpers import reward_scripts
+
+    tokenizer, (_, _, train) = AutoTokenizer.from_pretrained(policy_dir), _tiny_parts()
+    args = HfGRPOConfig(
+        str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=6, report_to=[],
+        bf16=False, seed=0, beta=0.1,
+    )  # fmt: skip
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if reference == "adapter_off" else None
+    trainer = GRPOTrainer(
+        str(policy_dir), [reward_scripts.alternating], args, train_dataset=train, processing_class=tokenizer,
+        peft_config=lora,
+    )  # fmt: skip
+    assert (trainer.ref_model is None) == (reference == "adapter_off")
+    torch.manual_seed(0)
+    with torch.no_grad():  # the policy a little off the reference, so that the two passes can be told apart
+        for name, param in trainer.model.named_parameters():
+            if param.requires_grad and (lora is None or "lora_B" in name):
+                param.add_(torch.randn_like(param) * 0.05)
+    trainer.model.train()
+    output = trl.GRPOTrainer._generate_and_score_completions(trainer, [train[i] for i in (0, 1) for _ in range(4)])
+    ours = batch_logps.reference_logps(trainer, output)  # [B, C]
+    mask = output["completion_mask"].bool()
+    assert torch.allclose(ours[mask], output["ref_per_token_logps"][mask], atol=1e-5)
+    assert (batch_logps.policy_logps(trainer, output) - ours)[mask].abs().max() > 1e-3
 
 
 def test_num_items_in_batch_matches_trls(scored):

@@ -97,7 +97,9 @@ class TaskEvaluator:
         self.pool = pool
         self._own_pool: RewardPool | None = None
         self.last_records: list[dict] = []  # the per-problem records of the last evaluation
-        self.seconds: list[tuple[str, float]] = []  # (label, wall seconds) of each evaluation, in order
+        # Wall seconds of each evaluation by label, in order; a second ``after`` (the adapter the watch kept) is
+        # ``after (kept)``. A dict of numbers: eval_results.json's "seconds", read by the notebooks' tables.
+        self.seconds: dict[str, float] = {}
 
     def grading(self, trainer=None) -> tuple[RewardPool, float]:
         """(pool, timeout per completion) for the next evaluation; starts the evaluator's own pool when needed."""
@@ -143,7 +145,8 @@ class TaskEvaluator:
                 record["kind"] = kind
         self.last_records = records  # every process: the run watch reads them (hf_grpo.watch)
         summary = summarize(records)
-        self.seconds.append((label, round(time.perf_counter() - start, 3)))
+        seconds = round(time.perf_counter() - start, 3)
+        self.seconds[f"{label} (kept)" if label in self.seconds else label] = seconds
         if state.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             with open(self.output_dir / EVAL_RECORDS.format(label=label), "w") as f:
@@ -156,7 +159,7 @@ class TaskEvaluator:
                 *(summary[g] for g in EVAL_GRADES),  # correct, wrong, unparseable, timeout, error
                 n,
                 describe(device),
-                self.seconds[-1][1],
+                seconds,
             )
         return summary
 
