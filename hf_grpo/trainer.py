@@ -7,6 +7,7 @@ what each does, the dynamic-sampling loop and the carried groups' log-probabilit
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -360,8 +361,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if mode == "train" and self.args.dynamic_sampling:
             step, token_keys = self.state.global_step + 1, self._token_level_keys()
-            old_logps = lambda batch: batch_logps.policy_logps(self, batch)  # noqa: E731
-            reference = (lambda batch: batch_logps.reference_logps(self, batch)) if self._defer_reference else None
+            old_logps = functools.partial(batch_logps.policy_logps, self)
+            reference = functools.partial(batch_logps.reference_logps, self) if self._defer_reference else None
             output, metrics = self._sampler.batch(
                 inputs, step, self._score_round, old_logps, token_keys, reference_logps=reference
             )
