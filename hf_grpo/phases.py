@@ -1,12 +1,16 @@
 """The phases of a run around ``trainer.train()``: the held-out evaluation before training, a pretrained policy's
-warm start, training with the periodic evaluation and the run watch, the saved model, the evaluation after training,
-the adapter the run keeps, and ``eval_results.json``.
+warm start and its own evaluation, training with the periodic evaluation and the run watch, the saved model, the
+evaluation after training, the adapter the run keeps, and ``eval_results.json``.
 
-``hf_grpo.pipeline.run`` calls ``train_and_evaluate`` on every process with the trainer it built. The run watch
-(``hf_grpo.watch``, on unless ``watch: false``) is a callback beside the trainer: it reads the logged steps and every
-held-out evaluation (step 0 is the policy training starts from: the evaluation before training, or one after a warm
-start), may end training early (``stop_on``), and at the end restores the best evaluated adapter when it beats the
-last one with its paired interval above 0; the evaluation after training is then that adapter's.
+``hf_grpo.pipeline.run`` calls ``train_and_evaluate`` on every process with the trainer it built. The run writes its
+phase into its manifest at each transition (``run_files.write_state``): ``trained`` once the last weights are saved,
+``kept`` once the watch's kept adapter is saved over them; a resume or ``hf-grpo report`` of a run in one of those
+phases loads those weights and the watch's saved state and does only what is left (``finishing``).
+
+The reported numbers: ``before`` (the policy as loaded), ``warm_start`` (after a pretrained policy's warm start) and
+``after``, with the paired gain of each step (``gain``: before -> after; ``gains``: before -> warm start -> after)
+and per kind. When the watch keeps an earlier adapter, chosen on the first ``task_eval_max_samples`` problems, every
+number is on the other problems only, and ``problems`` says how many chose and how many judge.
 """
 
 from __future__ import annotations
@@ -15,67 +19,63 @@ import logging
 from pathlib import Path
 
 from .data.loaders import is_local_file, source_splits
-from .evaluation.stats import gain_from_run, gains_by_kind
+from .evaluation.stats import gains_by_kind, paired_gain, summarize
 from .finishing import load_trained_weights
 from .recipe import Recipe
 from .rewards.wrapper import RewardFailedError
-from .run_files import EVAL_FILE
+from .run_files import EVAL_FILE, WARM_START_DIR, write_state
 from .trackers import log_evaluation
 
 
 logger = logging.getLogger("hf_grpo")
 
 
-def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, on_failure, trained=None,
+def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, on_failure, finishing=None,
                        history=None) -> dict:  # fmt: skip
-    """Evaluate before, train (with the periodic evaluation and the watch), save, evaluate after; returns
+    """Evaluate before, warm-start, train (with the periodic evaluation and the watch), save, evaluate after; returns
     ``eval_results.json``'s content (empty without the before/after evaluation), which the main process writes.
     ``on_failure`` runs on the main process when a broken reward stops training (the report then shows the run up to
-    there). ``trained``: the folder of the run's trained weights (``finished_run``: its checkpoint at max_steps, or
-    ``output_dir``), loaded instead of training (transformers' resume at max_steps would train one step more).
-    ``history``: the run's ``HistoryCallback``, where the watch marks its findings."""
-    args, results = recipe.training, {}
+    there). ``finishing``: a run that trained already (``pipeline.finished_run``: ``{"phase", "weights"}``), whose
+    weights and watch state are loaded from ``weights`` instead of training. ``history``: the run's
+    ``HistoryCallback``, where the watch marks its findings."""
+    args, results, records = recipe.training, {}, {}
     before_after = evaluator is not None and args.eval_before_after
-    tokenizer = trainer.processing_class
-    if before_after:
-        # Through the trainer, as every later evaluation: under ZeRO-3 (zero3_init_flag) the loaded weights are
-        # shards, and only the trainer's unwrap gathers them for generation. A resumed run has its records.
-        recorded = evaluator.recorded("before") if resume is not None or trained is not None else None
-        results["before"] = recorded or evaluator.run(trainer.model, tokenizer, label="before", trainer=trainer)
-        before_records = evaluator.last_records  # (recorded() leaves them there too)
-    if recipe.model.warm_starts_pretrained and resume is None and trained is None:
+    again = resume is not None or finishing is not None  # the evaluations before training are in the run's records
+    if before_after:  # through the trainer, as every later one: under ZeRO-3 only its unwrap gathers the shards
+        records["before"] = evaluate(evaluator, trainer, "before", recorded=again)
+    warm = recipe.model.warm_starts_pretrained
+    if warm and not again:
         from .warm_start import warm_start_policy  # torch: loaded when a run starts, not for --help
 
-        warm_start_policy(trainer, recipe.model)  # after "before": the gain counts it (the tiny model's is its base)
-    watch = start_watch(recipe, trainer, evaluator, history, fresh=resume is None and trained is None)
+        warm_start_policy(trainer, recipe.model)
+        if trainer.accelerator.is_main_process and hasattr(trainer.model, "peft_config"):  # for `hf-grpo eval`
+            trainer.model.save_pretrained(Path(args.output_dir) / WARM_START_DIR)
+    if warm and before_after:  # the warm-started policy on every problem: what GRPO itself added is after - this
+        records["warm_start"] = evaluate(evaluator, trainer, "warm_start", recorded=again, fresh=not again)
+    start = records.get("warm_start") if warm else records.get("before")
+    watch = start_watch(recipe, trainer, evaluator, history, start, resume, finishing)
     if evaluator is not None and args.task_eval_steps > 0:
         on_result = None if watch is None else lambda step, records, control: watch.evaluated(
             step, watch_evaluation(step, records, evaluator), trainer.model, control
         )  # fmt: skip
         trainer.add_callback(evaluator.callback(trainer, log_evaluation, on_result))
-    try:
-        if trained is not None:
-            load_trained_weights(trainer, trained)
-        else:
-            trainer.train(resume_from_checkpoint=resume)
-    except RewardFailedError:
-        if trainer.accelerator.is_main_process:
-            on_failure()
-        raise
-    trainer.save_model(args.output_dir)
-    if before_after:
-        results["after"] = evaluator.run(trainer.model, tokenizer, label="after", trainer=trainer)
-        if watch is not None:
-            results |= end_watch(watch, trainer, evaluator, results, before_records)
-        kinds = gains_by_kind(before_records, evaluator.last_records)  # of the adapter kept
-        if kinds:
-            results["kinds"] = kinds
-    if evaluator is not None:
-        evaluator.close()
-    if results and trainer.accelerator.is_main_process:
+    if finishing is not None:
+        load_trained_weights(trainer, finishing["weights"])
+    else:
+        train(trainer, on_failure, resume)
+        mark_trained(trainer, watch)
+    if not before_after:
+        if evaluator is not None:
+            evaluator.close()
+        return results
+    records["after"] = evaluate(evaluator, trainer, "after")
+    if watch is not None:
+        results |= end_watch(watch, trainer, evaluator, start, records, finishing)
+    evaluator.close()
+    results = reported(records, evaluator.periodic_samples if "kept" in results else 0) | results
+    if trainer.accelerator.is_main_process:
         from .evaluation.history import write_json  # transformers: loaded when a run starts, not for --help
 
-        results["gain"] = paired_gain_of_run(args.output_dir)
         results["settings"] = eval_settings(recipe, evaluator)
         results["seconds"] = evaluator.seconds
         write_json(Path(args.output_dir) / EVAL_FILE, results)
@@ -85,23 +85,64 @@ def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, o
     return results
 
 
-def start_watch(recipe: Recipe, trainer, evaluator, history, fresh: bool):
-    """The run watch as a callback of ``trainer`` (None with ``watch: false``), with the policy training starts from
-    as its step-0 evaluation when the run has periodic ones: the evaluation before training, or (after a warm start)
-    one of its own on the periodic problems. A resumed run's watch starts at the resumed step."""
+def evaluate(evaluator, trainer, label: str, recorded: bool = False, fresh: bool = True) -> list[dict] | None:
+    """The per-problem records of the evaluation ``label`` on every held-out problem: read from the run's folder
+    when ``recorded`` and they are there (a resumed run's), else measured now when ``fresh`` (None if not)."""
+    if recorded and evaluator.recorded(label) is not None:
+        return evaluator.last_records
+    if not fresh:
+        return None
+    evaluator.run(trainer.model, trainer.processing_class, label=label, trainer=trainer)
+    return evaluator.last_records
+
+
+def train(trainer, on_failure, resume: str | None) -> None:
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except RewardFailedError:
+        if trainer.accelerator.is_main_process:
+            on_failure()
+        raise
+
+
+def mark_trained(trainer, watch) -> None:
+    """Save the last weights, then the watch's state beside them, then the phase ``trained`` (main process)."""
+    out = trainer.args.output_dir
+    trainer.save_model(out)
+    if trainer.accelerator.is_main_process:
+        if watch is not None:
+            watch.save_state(out)
+        stopped = watch.stopped if watch is not None else None
+        write_state(out, {"phase": "trained", "step": trainer.state.global_step, "stopped": stopped})
+
+
+def start_watch(recipe: Recipe, trainer, evaluator, history, start: list[dict] | None, resume, finishing):
+    """The run watch as a callback of ``trainer`` (None with ``watch: false``). A fresh run's step 0 is the policy
+    training starts from (``start``: the records before training, or after a warm start; else an evaluation of its
+    own on the periodic problems); a resumed or finishing run's watch is the one its checkpoint or folder saved."""
     from .watch import RunWatch  # transformers: loaded when a run starts, not for --help
 
     args = recipe.training
     if not args.watch:
         return None
-    watch = RunWatch(args, mark=None if history is None else history.mark, is_main=trainer.accelerator.is_main_process)
+    apart = evaluator is not None and args.task_eval_max_samples is not None
+    apart = apart and args.task_eval_max_samples < len(evaluator.dataset)
+    watch = RunWatch(args, mark=None if history is None else history.mark, is_main=trainer.accelerator.is_main_process,
+                     judge_apart=apart)  # fmt: skip
     trainer.add_callback(watch)
-    if evaluator is None or args.task_eval_steps < 1 or not fresh:
+    saved = (finishing or {}).get("weights") or resume
+    if saved is not None:
+        if not watch.load_state(saved):
+            logger.warning("resume: %s holds no run watch state (an earlier hf_grpo wrote it): the watch starts "
+                           "again, its first evaluation from here its step 0", saved)  # fmt: skip
         return watch
-    if recipe.model.warm_starts_pretrained or not args.eval_before_after:
+    if evaluator is None or args.task_eval_steps < 1:
+        return watch
+    if start is None:  # no evaluation before training: step 0 of its own, on the periodic problems
         label, limit = "step0", evaluator.periodic_samples
         evaluator.run(trainer.model, trainer.processing_class, label=label, trainer=trainer, max_samples=limit)
-    watch.evaluated(0, watch_evaluation(0, evaluator.last_records, evaluator), trainer.model)
+        start = evaluator.last_records
+    watch.evaluated(0, watch_evaluation(0, start, evaluator), trainer.model)
     return watch
 
 
@@ -112,21 +153,59 @@ def watch_evaluation(step: int, records: list[dict], evaluator):
     return from_records(step, records, evaluator.periodic_samples)
 
 
-def end_watch(watch, trainer, evaluator, results: dict, before_records: list[dict]) -> dict:
-    """The watch's last rules (after against before, every problem), the adapter the run keeps, and what
-    ``eval_results.json`` records of both; the evaluation after training is the kept adapter's."""
-    from .watch import from_records  # the same
+def end_watch(watch, trainer, evaluator, start: list[dict] | None, records: dict, decided: dict | None) -> dict:
+    """The watch's look after training (after against step 0, every problem) and the adapter the run keeps; an
+    earlier kept adapter is saved over the last weights (phase ``kept``) and evaluated, its records ``after``.
+    A finishing run that kept one (``decided``: its state) decided all that already."""
+    from .watch import from_records  # transformers: loaded when a run starts, not for --help
 
-    before = from_records(0, before_records)
+    out = trainer.args.output_dir
+    if decided is not None and "kept" in decided:
+        return {"watch": watch.summary(), "kept": decided["kept"], "last": decided["last"]}
     last_step = trainer.state.global_step
-    watch.finished(before, from_records(last_step, evaluator.last_records))
-    kept = watch.choose_kept(watch_evaluation(last_step, evaluator.last_records, evaluator), trainer.model)
-    if kept is not None:
-        trainer.save_model(trainer.args.output_dir)
-        last = {"step": last_step, **results["after"]}
-        results["after"] = evaluator.run(trainer.model, trainer.processing_class, label="after", trainer=trainer)
-        return {"watch": watch.summary(), "kept": kept, "last": last}
-    return {"watch": watch.summary()}
+    if start is not None:
+        watch.finished(from_records(0, start), from_records(last_step, records["after"]))
+    kept = watch.choose_kept(watch_evaluation(last_step, records["after"], evaluator))
+    if kept is None:
+        if trainer.accelerator.is_main_process:  # the findings of the look after training
+            watch.save_state(out)
+        return {"watch": watch.summary()}
+    last = {"step": last_step, **summarize(records["after"])}
+    watch.restore(trainer.model)
+    trainer.save_model(out)
+    if trainer.accelerator.is_main_process:
+        watch.save_state(out)
+        write_state(out, {"phase": "kept", "step": last_step, "stopped": watch.stopped, "kept": kept, "last": last})
+    records["after"] = evaluate(evaluator, trainer, "after")
+    return {"watch": watch.summary(), "kept": kept, "last": last}
+
+
+def reported(records: dict, skip: int = 0) -> dict:
+    """The summaries, paired gains and kinds ``eval_results.json`` reports, on the problems from index ``skip`` on
+    (those that did not choose the kept adapter): ``before``, ``warm_start``, ``after``, ``gain`` (before -> after),
+    ``gains`` (each step, with a warm start), ``kinds`` / ``kinds_by_step`` and ``problems`` when ``skip``."""
+    judged = {label: [r for r in rows if r["index"] >= skip] for label, rows in records.items() if rows is not None}
+    results = {label: summarize(rows) for label, rows in judged.items()}
+    results["gain"] = paired(judged["before"], judged["after"])
+    kinds = gains_by_kind(judged["before"], judged["after"])
+    if kinds:
+        results["kinds"] = kinds
+    if "warm_start" in judged:
+        steps = {"warm_start": ("before", "warm_start"), "grpo": ("warm_start", "after")}
+        results["gains"] = {name: paired(judged[a], judged[b]) for name, (a, b) in steps.items()}
+        by_step = {name: gains_by_kind(judged[a], judged[b]) for name, (a, b) in steps.items()}
+        if kinds:
+            results["kinds_by_step"] = by_step
+    if skip:
+        results["problems"] = {"chose_the_adapter": skip, "judged": len(judged["after"])}
+    return results
+
+
+def paired(before: list[dict], after: list[dict]) -> dict:
+    """``paired_gain`` of two evaluations' records, matched by problem index."""
+    grades = {r["index"]: r["grade"] for r in after}
+    common = [r for r in before if r["index"] in grades]
+    return paired_gain([r["grade"] for r in common], [grades[r["index"]] for r in common])
 
 
 def eval_settings(recipe: Recipe, evaluator) -> dict:
@@ -147,12 +226,3 @@ def eval_settings(recipe: Recipe, evaluator) -> dict:
         "max_new_tokens": evaluator.max_new_tokens,
         "prompt_style": recipe.data.prompt_style,
     }
-
-
-def paired_gain_of_run(output_dir: str) -> dict | None:
-    """The paired before/after difference with its 95% interval, from the run's per-problem records."""
-    try:
-        return gain_from_run(output_dir)
-    except ValueError as exc:  # records that cannot be paired: the report leaves the interval out
-        logger.warning("no paired before/after interval: %s", exc)
-        return None

@@ -18,7 +18,6 @@ import yaml
 from .card import write_local_card
 from .checkpoints import (
     CheckpointError,
-    finished_step,
     recipe_changes,
     resolve_resume,
     sampling_changes,
@@ -28,7 +27,7 @@ from .data import load_grpo_datasets
 from .data.lengths import fit_prompts, prompt_budget
 from .data.loaders import eval_grader, is_conversation
 from .evaluation.report import write_report
-from .finishing import lacking, trained_weights
+from .finishing import REPORT_FILES, finished, lacking
 from .hub import push as push_to_hub
 from .launch import SERVER_STARTED_ENV, apply_thread_policy
 from .miniature import activate
@@ -40,7 +39,16 @@ from .recipe.schema import key_defaults
 from .recipe.yaml12 import load_yaml
 from .results import RunResult, library_versions
 from .rewards import load_reward_funcs
-from .run_files import RECIPE_FILE, RECIPE_HEADER, RECIPE_HEADER_END, VERSIONS_FILE, RunFolderError, claim
+from .run_files import (
+    RECIPE_FILE,
+    RECIPE_HEADER,
+    RECIPE_HEADER_END,
+    VERSIONS_FILE,
+    RunFolderError,
+    claim,
+    run_state,
+    write_state,
+)
 from .run_lock import RunLockError, acquire, check_free, release
 from .trackers import TrackerSetup, setup_trackers
 
@@ -211,16 +219,17 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
         except RecipeError as exc:  # raised below on every process at once, not here on one while the others wait
             problem = str(exc)
     resume = agree_on_resume(resume, problem)  # before anything loads
-    finished = finished_run(recipe, resume)  # trained to max_steps: the resume writes only what the run lacks
-    if finished == "complete":
+    finishing = finished_run(recipe, resume)  # trained already: the resume writes only what the run lacks
+    if finishing is not None and finishing["phase"] == "complete":
         return {}
+    if finishing is None and args.process_index == 0:
+        write_state(args.output_dir, {"phase": "training"})
     push = args.push_to_hub  # pushed at the end by hf_grpo.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
     recipe_text = save_recipe(recipe)
     trackers = setup_trackers(recipe)  # the project (recipe > environment > default), before the trainer is built
     trainer, evaluator, history = build_trainer(recipe)
-    trained = None if finished is None else resume or args.output_dir  # where the trained weights are
-    if trained is not None:  # no train(): the history is the file's
+    if finishing is not None:  # no train(): the history is the file's
         from .evaluation.history import read_history  # transformers: loaded when a run starts, not for --help
 
         history.records = read_history(args.output_dir)
@@ -232,10 +241,11 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
         )
 
     on_failure = lambda: write_report(result_of(None))  # noqa: E731
-    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure, trained, history)
+    results = train_and_evaluate(recipe, trainer, evaluator, resume, on_failure, finishing, history)
     if trainer.accelerator.is_main_process:
         result = result_of(results)
         write_outputs(result, trainer, trackers)
+        write_state(args.output_dir, {**(run_state(args.output_dir) or {}), "phase": "finished"})
         if push:
             private = args.hub_private_repo is not False
             pushed = push_to_hub(
@@ -246,26 +256,33 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
     return results
 
 
-def finished_run(recipe: Recipe, resume: str | None) -> str | None:
-    """Whether the run asked to resume has trained to ``max_steps`` already (``hf_grpo.finishing``): ``"complete"``
-    when it lacks nothing, ``"checkpoint"`` (its checkpoint is at ``max_steps``: TRL trains no step) or ``"weights"``
-    (no checkpoint, its trained weights in ``output_dir``) when it lacks outputs; None for a run to train."""
+def finished_run(recipe: Recipe, resume: str | None) -> dict | None:
+    """Whether the run asked to resume trained already (``hf_grpo.finishing.finished``): None for a run to train;
+    ``{"phase": "complete"}`` when it lacks nothing (a report it lacks is rebuilt from its files here); else its
+    state and ``weights``, the folder its trained weights and watch state load from, to write what it lacks."""
     args = recipe.training
-    step = finished_step(resume, args.max_steps) if resume is not None else None
     asked = args.resume_from_checkpoint not in (None, False, "", "false", "False", "none")
-    if step is None and not (resume is None and asked and trained_weights(args.output_dir, args.max_steps)):
+    found = finished(args.output_dir, resume, args.max_steps) if asked else None
+    if found is None:
         return None
-    where = f"{resume} is at step {step}" if step is not None else f"its weights are saved at step {args.max_steps}"
+    state, where = found
     missing = lacking(args.output_dir, args.eval_before_after)
+    if missing and all(name in REPORT_FILES for name in missing) and state["phase"] != "checkpoint":
+        if args.process_index == 0:  # its evaluation is written: the report and card come from the files
+            run = RunResult.load(args.output_dir)
+            write_report(run)
+            write_local_card(run)
+            write_state(args.output_dir, {**run_state(args.output_dir), "phase": "finished"})
+            logger.info("the run in %s lacked %s: written from its files", args.output_dir, ", ".join(missing))
+        missing = []
     if not missing:
-        logger.info(
-            "the run in %s is finished: %s of max_steps %d; nothing to train (raise max_steps to train on, or "
-            "choose another output_dir for a new run)", args.output_dir, where, args.max_steps,
-        )  # fmt: skip
-        return "complete"
+        on = ("to train past the stop, start a new run in another output_dir with resume_from_checkpoint set to a "
+              "checkpoint of this one" if state.get("stopped") else "raise max_steps to train on")  # fmt: skip
+        logger.info("the run in %s is finished: %s; nothing to train (%s)", args.output_dir, where, on)
+        return {"phase": "complete"}
     logger.info(
-        "the run in %s finished training (%s of max_steps %d) but lacks %s: writing them now, without training",
-        args.output_dir, where, args.max_steps, ", ".join(missing),
+        "the run in %s finished training (%s) but lacks %s: writing them now, without training",
+        args.output_dir, where, ", ".join(missing),
     )  # fmt: skip
     zero3 = recipe.layout.zero_stage == 3 or recipe.layout.distributed_type == "FSDP"
     if zero3:  # their weights load sharded: set_peft_model_state_dict cannot fill them outside training
@@ -274,7 +291,7 @@ def finished_run(recipe: Recipe, resume: str | None) -> str | None:
             f"only without ZeRO-3 or FSDP: evaluate it with `hf-grpo eval {args.output_dir}`, then `hf-grpo report "
             f"{args.output_dir}` writes its summary, plot and card"
         )
-    return "checkpoint" if step is not None else "weights"
+    return state
 
 
 def agree_on_resume(resume: str | None, problem: str | None) -> str | None:

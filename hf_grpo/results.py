@@ -22,7 +22,7 @@ import yaml
 
 from .evaluation.stats import resolve_gain, usable_gain
 from .recipe import field_index, load_yaml
-from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, RECIPE_FILE, VERSIONS_FILE
+from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, RECIPE_FILE, VERSIONS_FILE, RunFileError
 
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -30,10 +30,6 @@ ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors")
 MODEL_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "huggingface_hub", "hf_grpo")
 SAMPLES_RIGHT, SAMPLES_WRONG = 3, 2  # sample completions the card shows: correct ones, then others
-
-
-class RunFileError(ValueError):
-    """A file of the run that does not parse (``recipe.yaml``, a JSON report): the user fixes or removes it."""
 
 
 @dataclass

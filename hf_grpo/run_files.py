@@ -37,13 +37,51 @@ LOCK_FILE = "hf_grpo.lock"  # the run writing into output_dir: pid, host, comman
 SERVER_LOG = "vllm_server.log"  # the output of the vLLM server a launch starts (hf_grpo.launch)
 LOGS_DIR = "logs"  # crash logs, logs/crash-<time>-<pid>.log (hf_grpo.crash_log)
 CHECKPOINT_MANIFEST = "hf_grpo_checkpoint.json"  # the last file of a complete checkpoint-N/ (hf_grpo.checkpoints)
+WARM_START_DIR = "warm_start"  # the adapter after a pretrained policy's warm start, before GRPO (hf_grpo.phases)
+WATCH_STATE = "watch_state.json"  # the run watch's evaluations and findings, in checkpoints and output_dir (watch.py)
+WATCH_ADAPTER = "watch_best_adapter.safetensors"  # beside it: the most accurate evaluated adapter
 
 RUN_MANIFEST = "hf_grpo_run.json"  # the first file of a run: what makes the folder hf_grpo's (claim)
 WRITER = "hf_grpo"  # the manifest's "written_by"
 
 
+RUN_PHASES = ("training", "trained", "kept", "finished")  # the manifest's "state": where the run is (write_state)
+
+
 class RunFolderError(ValueError):
     """A folder a command would write into is not a run of hf_grpo's; the message names it and what to do."""
+
+
+class RunFileError(ValueError):
+    """A file of the run that does not parse or is not what hf_grpo wrote there; the message is one line naming the
+    file and what to do (fix or remove it)."""
+
+
+def read_checked(path: str | os.PathLike, kind: type = dict, missing_ok: bool = False):
+    """The JSON file ``path`` as a ``kind`` (dict or list), None when it is missing and ``missing_ok``. Every file a
+    command reads back from a run (its manifest, a checkpoint's, the watch's state, the reports) comes through here,
+    so a damaged one ends in one ``RunFileError`` line naming it, never a traceback."""
+    path = Path(path)
+    if path.is_dir():
+        raise RunFileError(f"{path} is a folder, where hf_grpo writes a file: remove it (or move it away)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise RunFileError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFileError(f"{path} cannot be read ({exc}): fix its permissions, or remove it") from None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        empty = "is empty" if not text.strip() else f"is not valid JSON ({exc})"
+        raise RunFileError(f"{path} {empty}: a write was cut short or another program wrote it; remove it") from None
+    if not isinstance(value, kind):
+        raise RunFileError(
+            f"{path} holds a {type(value).__name__}, not the {kind.__name__} hf_grpo writes there: remove it"
+        )
+    return value
 
 
 def hf_grpo_version() -> str:
@@ -61,6 +99,27 @@ def run_manifest(folder: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("written_by") == WRITER else None
+
+
+def run_state(folder: str | os.PathLike) -> dict | None:
+    """Where the run in ``folder`` is, as it last wrote into its manifest (``write_state``): ``{"phase": "training"
+    | "trained" | "kept" | "finished", "step": ..., ...}``; None for a run an earlier version wrote. Resume, report
+    and push read this, not whichever file another module wrote last."""
+    state = (run_manifest(folder) or {}).get("state")
+    return state if isinstance(state, dict) and state.get("phase") in RUN_PHASES else None
+
+
+def write_state(folder: str | os.PathLike, state: dict | None) -> None:
+    """Record the run's phase in its manifest, by temp file and rename (the main process): ``training`` when a
+    training starts, ``trained`` once its last weights are saved in ``folder`` (``step``, ``stopped`` by the watch
+    or not), ``kept`` once the watch's kept adapter is saved over them, ``finished`` once its outputs are written."""
+    manifest = run_manifest(folder)
+    if manifest is None:  # no run of ours: nothing is written
+        return
+    manifest.pop("state", None)
+    if state is not None:
+        manifest["state"] = state
+    write_text(Path(folder) / RUN_MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def legacy_run(folder: str | os.PathLike) -> bool:

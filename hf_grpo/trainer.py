@@ -331,6 +331,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         if self._ahead is not None:  # waits for the rounds in flight
             self._ahead.save(folder, rank)
         mid_cycle = self._save_generation_batch(folder, rank)
+        if self.accelerator.is_main_process:  # a callback's own state (the run watch's), resumed from with the rest
+            for callback in self.callback_handler.callbacks:
+                if hasattr(callback, "save_state"):
+                    callback.save_state(folder)
         # transformers' _save_checkpoint ends without a barrier: a slower process may still be writing its RNG and
         # sampling state. Once all have, the manifest marks the checkpoint complete (checkpoints.py).
         self.accelerator.wait_for_everyone()

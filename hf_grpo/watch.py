@@ -4,38 +4,49 @@ evaluations, and says so when the run goes wrong while nobody is looking (docs/w
     collapse    the training reward's two-step mean below ``watch_reward_drop`` of its best two-step mean (and 0.1
                 below it), or entropy, completion length or the share of groups whose rewards differ under
                 ``watch_floors``, for ``watch_patience`` logged steps in a row
-    hacking     the training reward rose since the best evaluation while held-out accuracy fell from it: the paired
-                95% interval of the difference, on the same problems, lies below 0
-    forgetting  one kind of held-out problem fell that way since the first evaluation while the whole set did not
-    plateau     the last ``watch_plateau_evals`` evaluations gained nothing over the best one (no paired interval
-                above 0)
+    hacking     the training reward rose since step 0 while held-out accuracy fell from step 0's
+    forgetting  one kind of held-out problem fell since step 0 while the other kinds together did not
+    plateau     the run gained over step 0, then the last ``watch_plateau_evals`` evaluations gained nothing more
+                (looked for only with ``stop_on: [plateau]``)
 
-Evaluations are the periodic ones (``task_eval_steps``, on ``task_eval_max_samples`` problems), the policy the run
-starts from (step 0: the evaluation before training, or after a warm start) and, at the end, the evaluation after
-training against the one before (the whole held-out set). Each finding is one warning line naming the signal, the
-steps and the numbers, a record in ``training_history.json`` (``watch``), a line in ``summary.md`` and a mark on
-``training_curves.png``. ``stop_on: [degraded]`` ends the run after a finding, ``[plateau]`` on a plateau. The adapter
-a run keeps is its best evaluated one: the last state, unless an earlier evaluation beats it with its paired interval
-above 0 (``choose_kept``); a LoRA adapter's weights are copied at each new best, so no checkpoint is needed.
+Step 0 is the policy training starts from (the evaluation before training, or one after a warm start). Every rule
+on held-out accuracy compares an evaluation with step 0, a fixed reference, never with the best one so far (the
+largest of several noisy numbers), by McNemar's exact one-sided test on the same problems. A run whose held-out
+accuracy does not change gets one of those findings in at most ``FALSE_ALARM_RATE`` of runs, whatever its number
+of evaluations and kinds: ``Budget`` splits that rate over the rules, the planned evaluations and the kinds
+(Bonferroni, which holds however the looks depend on each other). ``benchmarks/watch_null.py`` shows it on
+simulated runs. Each finding is one warning line, a record in ``training_history.json`` (``watch``), a line in
+``summary.md`` and a mark on ``training_curves.png``; ``stop_on: [degraded]`` ends the run after a finding.
+
+The adapter a run keeps is its last state, unless the most accurate earlier evaluation beats it on the periodic
+problems by the same exact test at ``KEEP_ERROR_RATE`` over the evaluations it was the best of (``choose_kept``);
+a LoRA adapter's weights are copied at each new best, so no checkpoint is needed. The watch's state (its
+evaluations, findings and that copy) goes into every checkpoint and into ``output_dir`` when training ends
+(``save_state``), so a resumed or finished run goes on from the same step 0 and best.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-from .evaluation.stats import paired_gain, points
+from .evaluation.stats import one_sided_p, paired_gain, points
+from .run_files import WATCH_ADAPTER, WATCH_STATE, RunFileError, read_checked, write_text
 
 
 logger = logging.getLogger(__name__)
 
+FALSE_ALARM_RATE = 0.05  # the share of runs with no change in held-out accuracy that get a finding on it
+KEEP_ERROR_RATE = 0.05  # the share of such runs that keep an earlier adapter instead of the last
 REWARD_WINDOW = 2  # logged steps averaged into the reward the rules compare
 MIN_REWARD_DROP = 0.1  # a collapse of the reward is also this far below its best (a reward near 0 wobbles)
-MIN_REWARD_RISE = 0.05  # hacking: how much the reward must have risen since the evaluation it is compared with
+MIN_REWARD_RISE = 0.05  # hacking: how much the reward must have risen since step 0
 FLOOR_SIGNALS = {  # watch_floors key -> (what TRL logs, how a finding names it)
     "entropy": ("entropy", "policy entropy"),
     "completion_length": ("completions/mean_length", "completion length"),
@@ -56,20 +67,33 @@ class Evaluation:
     def accuracy(self) -> float:
         return sum(g == "correct" for g in self.grades.values()) / max(len(self.grades), 1)
 
+    def record(self) -> dict:
+        return {"step": self.step, "grades": {str(i): g for i, g in self.grades.items()},
+                "kinds": {str(i): k for i, k in self.kinds.items()}}  # fmt: skip
 
-def compare(earlier: Evaluation, later: Evaluation, kind: str | None = None) -> dict | None:
-    """``later - earlier`` on the problems both graded (of ``kind``), with its paired interval; None without any."""
+    @classmethod
+    def from_record(cls, record: dict) -> Evaluation:
+        kinds = {int(i): k for i, k in record.get("kinds", {}).items()}
+        return cls(int(record["step"]), {int(i): g for i, g in record["grades"].items()}, kinds)
+
+
+def compare(
+    earlier: Evaluation, later: Evaluation, kind: str | None = None, exclude: str | None = None
+) -> dict | None:
+    """``later - earlier`` on the problems both graded (of ``kind``, or of every kind but ``exclude``), with its
+    paired interval; None without any."""
     common = sorted(set(earlier.grades) & set(later.grades))
-    if kind is not None:
-        common = [i for i in common if later.kinds.get(i, earlier.kinds.get(i)) == kind]
+    if kind is not None or exclude is not None:
+        kinds = {i: later.kinds.get(i, earlier.kinds.get(i)) for i in common}
+        common = [i for i in common if (kind is None or kinds[i] == kind) and (exclude is None or kinds[i] != exclude)]
     if not common:
         return None
     return paired_gain([earlier.grades[i] for i in common], [later.grades[i] for i in common])
 
 
-def from_records(step: int, records: list[dict], limit: int | None = None) -> Evaluation:
-    """An ``Evaluation`` from per-problem records (``TaskEvaluator.run``'s), the first ``limit`` problems only."""
-    kept = [r for r in records if limit is None or r["index"] < limit]
+def from_records(step: int, records: list[dict], limit: int | None = None, start: int = 0) -> Evaluation:
+    """An ``Evaluation`` from per-problem records (``TaskEvaluator.run``'s), those with ``start <= index < limit``."""
+    kept = [r for r in records if r["index"] >= start and (limit is None or r["index"] < limit)]
     kinds = {r["index"]: r["kind"] for r in kept if "kind" in r}
     return Evaluation(step, {r["index"]: r["grade"] for r in kept}, kinds)
 
@@ -85,23 +109,76 @@ class Finding:
         return {"kind": self.kind, "step": self.step, "since": self.since, "text": self.text}
 
 
+@dataclass(frozen=True)
+class Budget:
+    """How a run spends ``FALSE_ALARM_RATE``: equal parts to each rule it looks for (hacking; forgetting with two
+    kinds or more; the gain a plateau needs first, with ``stop_on: [plateau]``); a rule's part half to the look after
+    training (every problem) and half shared by the planned periodic evaluations (all of it to one kind of look when
+    there is only one); forgetting's share of a look split over the kinds."""
+
+    looks: int  # periodic evaluations planned: max_steps // task_eval_steps
+    kinds: int  # kinds of held-out problem
+    plateau: bool
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return ("hacking", *(["forgetting"] if self.kinds >= 2 else []), *(["gain"] if self.plateau else []))
+
+    def share(self, rule: str, final: bool = False) -> float:
+        """The false-alarm rate one test of ``rule`` may spend (at the look after training when ``final``)."""
+        if rule not in self.rules:
+            return 0.0
+        part = FALSE_ALARM_RATE / len(self.rules)
+        if rule == "gain":  # only the periodic evaluations look for a plateau
+            part = 0.0 if final else part / max(self.looks, 1)
+        elif self.looks:
+            part = part / 2 if final else part / 2 / self.looks
+        elif not final:
+            part = 0.0
+        return part / self.kinds if rule == "forgetting" else part
+
+
+def tested(gain: dict, direction: str, alpha: float) -> str | None:
+    """The line's account of a comparison that passes its test at ``alpha``, or None when it does not:
+    ``-30.0 points on the same 100 problems: 30 of the 30 that changed fell, exact p 9.3e-10 <= 0.0031``."""
+    p = one_sided_p(gain, direction)
+    if p > alpha:
+        return None
+    moved = gain["right_to_wrong"] if direction == "fell" else gain["wrong_to_right"]
+    changed = gain["right_to_wrong"] + gain["wrong_to_right"]
+    return (f"{points(gain['gain'])} points on the same {gain['n']} problems: {moved} of the {changed} that changed "
+            f"{direction}, exact p {p:.2g} <= {alpha:.2g}")  # fmt: skip
+
+
 class RunWatch(TrainerCallback):
     """The watch over one run (``args``: an ``HfGRPOConfig``); ``mark(step, record)`` writes a finding into the
-    training history (``HistoryCallback.mark``)."""
+    training history (``HistoryCallback.mark``). ``judge_apart``: the held-out set has problems beyond the periodic
+    ones, on which an earlier adapter the run keeps is judged (else the last state is always kept)."""
 
-    def __init__(self, args, mark=None, is_main: bool = True):
+    def __init__(self, args, mark=None, is_main: bool = True, judge_apart: bool = True):
         self.stop_on, self.patience = set(args.stop_on or []), args.watch_patience
         self.drop, self.floors = args.watch_reward_drop, dict(args.watch_floors or {})
         self.plateau_evals, self.max_steps = args.watch_plateau_evals, args.max_steps
-        self.mark, self.is_main = mark, is_main
+        self.task_eval_steps = args.task_eval_steps
+        self.mark, self.is_main, self.judge_apart = mark, is_main, judge_apart
         self.rewards: list[tuple[int, float]] = []  # (step, training reward) as logged
         self.streaks: dict[str, int] = {}
         self.findings: list[Finding] = []
-        self.evaluations: list[Evaluation] = []
+        self.evaluations: list[Evaluation] = []  # step 0 first, then the periodic ones
         self.best: Evaluation | None = None  # the most accurate evaluation so far (its adapter copied)
-        self.anchor: Evaluation | None = None  # the last evaluation with a gain whose interval is above 0
+        self.gained: Evaluation | None = None  # the last evaluation whose gain passed its test (plateau)
         self.stopped: dict | None = None  # why the run stopped early, and what it saved
         self._started = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.max_steps > 0:  # epochs-based runs know their steps once training starts
+            self.max_steps = state.max_steps
+
+    def budget(self, kinds_of: Evaluation | None = None) -> Budget:
+        looks = self.max_steps // self.task_eval_steps if self.task_eval_steps > 0 and self.max_steps > 0 else 0
+        reference = self.evaluations[0] if self.evaluations else kinds_of
+        kinds = len(set(reference.kinds.values())) if reference is not None else 0
+        return Budget(looks, kinds, "plateau" in self.stop_on)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Collapse, from what each step logs
@@ -143,28 +220,42 @@ class RunWatch(TrainerCallback):
     # Hacking, forgetting and plateau, from the evaluations
 
     def evaluated(self, step: int, evaluation: Evaluation, model=None, control=None) -> None:
-        """A held-out evaluation at ``step`` (the same problems each time): the rules that read it, and a copy of
-        the adapter when it is the most accurate so far."""
+        """A held-out evaluation at ``step`` (the periodic problems; the first one is step 0): the rules that read
+        it, and a copy of the adapter when it is the most accurate so far."""
         self.evaluations.append(evaluation)
-        if self.best is not None:
-            self._hacking(self.best, evaluation, "the best evaluation")
-            self._forgetting(self.evaluations[0], evaluation)
         if self.best is None or evaluation.accuracy > self.best.accuracy:
             evaluation.adapter = adapter_weights(model)
             if self.best is not None:
                 self.best.adapter = None
             self.best = evaluation
-        gain = compare(self.anchor, evaluation) if self.anchor is not None else None
-        if self.anchor is None or (gain is not None and gain["ci95"][0] > 0):
-            self.anchor = evaluation
-        stale = [e for e in self.evaluations if e.step > self.anchor.step]
-        if len(stale) >= self.plateau_evals and "plateau" in self.stop_on and self.stopped is None:
-            since = self.anchor.step
-            self._found("plateau", step, since, f"plateau: {len(stale)} evaluations since step {since} gained "
-                        f"nothing over its accuracy {self.anchor.accuracy:.3f} (no paired interval above 0)")  # fmt: skip
-            self._stop(control, step, "plateau")
-        elif self.findings and "degraded" in self.stop_on and self.stopped is None:
+        if len(self.evaluations) == 1:  # step 0: the reference of every later look
+            return
+        start, budget = self.evaluations[0], self.budget()
+        self._hacking(start, evaluation, budget.share("hacking"))
+        self._forgetting(start, evaluation, budget.share("forgetting"))
+        if "plateau" in self.stop_on:
+            self._plateau(start, evaluation, budget.share("gain"), control)
+        if self.findings and "degraded" in self.stop_on and self.stopped is None:
             self._stop(control, step, f"degraded: {self.findings[-1].kind}")
+
+    def _plateau(self, start: Evaluation, evaluation: Evaluation, alpha: float, control) -> None:
+        """A plateau once the run gained over step 0 (its test passed) and the last ``plateau_evals`` evaluations
+        gained nothing over the last gain; a run that never gained is no plateau (its report says so)."""
+        since = self.gained or start
+        gain = compare(since, evaluation)
+        account = tested(gain, "rose", alpha) if gain is not None else None
+        if account is not None:
+            self.gained = evaluation
+            return
+        stale = [e for e in self.evaluations if self.gained is not None and e.step > self.gained.step]
+        if len(stale) < self.plateau_evals or self.stopped is not None:
+            return
+        gained = self.gained
+        self._found("plateau", evaluation.step, gained.step, (
+            f"plateau: held-out accuracy rose {start.accuracy:.3f} -> {gained.accuracy:.3f} by step {gained.step}, "
+            f"then {len(stale)} evaluations gained nothing more"
+        ))  # fmt: skip
+        self._stop(control, evaluation.step, "plateau")
 
     def _reward_since(self, step: int) -> tuple[float, float] | None:
         """(training reward at ``step``: the mean of the first logged steps after it when it is 0, the mean of the
@@ -176,58 +267,80 @@ class RunWatch(TrainerCallback):
         now = [r for _, r in self.rewards[-REWARD_WINDOW:]]
         return sum(upto) / len(upto), sum(now) / len(now)
 
-    def _hacking(self, earlier: Evaluation, later: Evaluation, what: str) -> None:
-        rewards, gain = self._reward_since(earlier.step), compare(earlier, later)
-        if rewards is None or gain is None or gain["ci95"][1] >= 0 or rewards[1] < rewards[0] + MIN_REWARD_RISE:
+    def _hacking(self, start: Evaluation, later: Evaluation, alpha: float) -> None:
+        if any(f.kind == "hacking" for f in self.findings):
             return
-        self._found("hacking", later.step, earlier.step, (
+        rewards, gain = self._reward_since(start.step), compare(start, later)
+        if rewards is None or gain is None or rewards[1] < rewards[0] + MIN_REWARD_RISE:
+            return
+        account = tested(gain, "fell", alpha)
+        if account is None:
+            return
+        self._found("hacking", later.step, start.step, (
             f"hacking: training reward rose {rewards[0]:.3f} -> {rewards[1]:.3f} while held-out accuracy fell "
-            f"{gain['before_accuracy']:.3f} -> {gain['after_accuracy']:.3f} from {what} (step {earlier.step} -> "
-            f"{later.step}, {describe(gain)} on the same {gain['n']} problems)"
+            f"{gain['before_accuracy']:.3f} -> {gain['after_accuracy']:.3f} (step {start.step} -> {later.step}, "
+            f"{account})"
         ))  # fmt: skip
 
-    def _forgetting(self, first: Evaluation, later: Evaluation) -> None:
-        whole = compare(first, later)
-        if whole is None or whole["gain"] < 0:
-            return
+    def _forgetting(self, start: Evaluation, later: Evaluation, alpha: float) -> None:
+        """A kind that fell (its test passed) while the other kinds together did not fall."""
         for kind in sorted(set(later.kinds.values())):
-            gain = compare(first, later, kind)
-            if gain is None or gain["ci95"][1] >= 0:
-                continue
             if any(f.kind == "forgetting" and f"'{kind}'" in f.text for f in self.findings):
                 continue
+            gain = compare(start, later, kind)
+            account = tested(gain, "fell", alpha) if gain is not None else None
+            rest = compare(start, later, exclude=kind) if account is not None else None
+            if rest is None or rest["gain"] < 0:
+                continue
             right = (round(gain["before_accuracy"] * gain["n"]), round(gain["after_accuracy"] * gain["n"]))
-            self._found("forgetting", later.step, first.step, (
+            self._found("forgetting", later.step, start.step, (
                 f"forgetting: held-out '{kind}' problems fell {right[0]}/{gain['n']} -> {right[1]}/{gain['n']} right "
-                f"({describe(gain)}) while the whole rose {whole['before_accuracy']:.3f} -> "
-                f"{whole['after_accuracy']:.3f} (step {first.step} -> {later.step})"
+                f"({account}) while the other kinds went {rest['before_accuracy']:.3f} -> {rest['after_accuracy']:.3f} "
+                f"(step {start.step} -> {later.step})"
             ))  # fmt: skip
 
-    def finished(self, before: Evaluation, after: Evaluation) -> None:
-        """The evaluation after training against the one before, on the whole held-out set."""
-        self._hacking(before, after, "before training")
-        self._forgetting(before, after)
+    def finished(self, start: Evaluation, after: Evaluation) -> None:
+        """The look after training: the evaluation after it against step 0's, on every held-out problem."""
+        budget = self.budget(kinds_of=start)
+        self._hacking(start, after, budget.share("hacking", final=True))
+        self._forgetting(start, after, budget.share("forgetting", final=True))
 
     # ----------------------------------------------------------------------------------------------------------------
     # What the run keeps, and how it reports
 
-    def choose_kept(self, last: Evaluation, model) -> dict | None:
-        """Restore the best earlier evaluation's adapter into ``model`` when it beats ``last`` (the state training
-        ended in, on the periodic problems) with its paired interval above 0; returns what was kept, or None."""
-        best = self.best
-        if best is None or best.adapter is None or best.step >= last.step:
+    def choose_kept(self, last: Evaluation) -> dict | None:
+        """What to keep instead of the state training ended in (``last``, on the periodic problems): the most
+        accurate earlier evaluation when it beats ``last`` by the exact test at ``KEEP_ERROR_RATE`` over the
+        evaluations it was the best of, and the held-out set has problems left to judge it on; else None.
+        ``restore`` then puts its adapter into the model."""
+        best, earlier = self.best, [e for e in self.evaluations if e.step < last.step]
+        if best is None or best.adapter is None or best.step >= last.step or not earlier:
             return None
         gain = compare(last, best)
-        if gain is None or gain["ci95"][0] <= 0:
+        alpha = KEEP_ERROR_RATE / len(earlier)
+        account = tested(gain, "rose", alpha) if gain is not None else None
+        if account is None:
             return None
-        load_adapter_weights(model, best.adapter)
-        kept = {"step": best.step, "accuracy": best.accuracy, "n": gain["n"], "last_step": last.step}
-        kept |= {"against_last": {k: gain[k] for k in ("gain", "ci95", "n", "method")}}
+        if not self.judge_apart:
+            self._say(
+                f"watch: the adapter of step {best.step} beats the last one ({account}), but every held-out problem "
+                "chose it (task_eval_max_samples covers the held-out set), so none is left to judge it on: the last "
+                "state is kept; set task_eval_max_samples below the held-out size to let the watch keep an adapter"
+            )
+            return None
         self._say(
-            f"watch: keeping the adapter of step {best.step} (held-out accuracy {best.accuracy:.3f}), not "
-            f"the last one of step {last.step} ({last.accuracy:.3f}): {describe(gain)} on {gain['n']} problems"
+            f"watch: keeping the adapter of step {best.step} (held-out accuracy {best.accuracy:.3f}), not the last "
+            f"one of step {last.step} ({last.accuracy:.3f}): {account}"
         )
-        return kept
+        against = {k: gain[k] for k in ("gain", "n", "right_to_wrong", "wrong_to_right")}
+        return {"step": best.step, "accuracy": best.accuracy, "chosen_on": gain["n"], "last_step": last.step,
+                "against_last": {**against, "p": one_sided_p(gain, "rose"), "alpha": alpha}}  # fmt: skip
+
+    def restore(self, model) -> None:
+        """The kept (best) adapter's weights into ``model``."""
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, self.best.adapter)
 
     def summary(self) -> dict:
         """What ``eval_results.json`` records of the watch: its findings and why the run stopped."""
@@ -255,11 +368,62 @@ class RunWatch(TrainerCallback):
         if self.is_main:
             logger.warning(line)
 
+    # ----------------------------------------------------------------------------------------------------------------
+    # Its state, in checkpoints and in output_dir
 
-def describe(gain: dict) -> str:
-    """A paired difference in accuracy for a line: ``-28.0 points [-37.0, -19.0], paired``."""
-    low, high = gain["ci95"]
-    return f"{points(gain['gain'])} points [{points(low)}, {points(high)}], paired"
+    def save_state(self, folder: str | Path) -> None:
+        """Write the watch's state into ``folder`` (``WATCH_STATE``, and ``WATCH_ADAPTER`` for its best adapter),
+        each by temp file and rename; the main process only."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        state = {"rewards": self.rewards, "streaks": self.streaks, "findings": [f.record() for f in self.findings],
+                 "evaluations": [e.record() for e in self.evaluations], "stopped": self.stopped,
+                 "best": self._index(self.best), "gained": self._index(self.gained)}  # fmt: skip
+        if self.best is not None and self.best.adapter is not None:
+            tmp = folder / f".{WATCH_ADAPTER}.tmp"
+            save_file({k: v.contiguous() for k, v in self.best.adapter.items()}, str(tmp))
+            tmp.replace(folder / WATCH_ADAPTER)
+        else:  # an earlier training's copy in this folder is not this run's best
+            (folder / WATCH_ADAPTER).unlink(missing_ok=True)
+        write_text(folder / WATCH_STATE, json.dumps(state) + "\n")
+
+    def load_state(self, folder: str | Path) -> bool:
+        """The state ``save_state`` wrote into ``folder``; False (and the watch as it was) when there is none;
+        ``RunFileError`` naming the file when it is damaged."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = Path(folder) / WATCH_STATE
+        state = read_checked(path, dict, missing_ok=True)
+        if state is None:
+            return False
+        try:
+            rewards = [(int(s), float(r)) for s, r in state["rewards"]]
+            findings = [Finding(**f) for f in state["findings"]]
+            evaluations = [Evaluation.from_record(e) for e in state["evaluations"]]
+            best, gained = (None if state[k] is None else evaluations[state[k]] for k in ("best", "gained"))
+            streaks, stopped = dict(state["streaks"]), state["stopped"]
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise RunFileError(f"{path} is not the run watch's state hf_grpo wrote ({exc!r}): remove it") from None
+        adapter = Path(folder) / WATCH_ADAPTER
+        if best is not None and adapter.is_file():
+            try:
+                best.adapter = load_file(str(adapter))
+            except (OSError, SafetensorError) as exc:
+                raise RunFileError(f"{adapter} cannot be read ({exc}): remove it") from None
+        self.rewards, self.findings, self.evaluations, self.streaks, self.stopped = (
+            rewards,
+            findings,
+            evaluations,
+            streaks,
+            stopped,
+        )
+        self.best, self.gained = best, gained
+        return True
+
+    def _index(self, evaluation: Evaluation | None) -> int | None:
+        return None if evaluation is None else next(i for i, e in enumerate(self.evaluations) if e is evaluation)
 
 
 def adapter_weights(model) -> dict[str, torch.Tensor] | None:
@@ -272,9 +436,3 @@ def adapter_weights(model) -> dict[str, torch.Tensor] | None:
     if any(hasattr(p, "ds_id") or p.numel() == 0 for p in model.parameters()):  # ZeRO-3 / FSDP shards: not here
         return None
     return {name: value.detach().to("cpu", copy=True) for name, value in get_peft_model_state_dict(model).items()}
-
-
-def load_adapter_weights(model, weights: dict[str, torch.Tensor]) -> None:
-    from peft import set_peft_model_state_dict
-
-    set_peft_model_state_dict(model, weights)

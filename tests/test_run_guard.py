@@ -149,7 +149,7 @@ def test_a_finished_run_resumed_says_so_and_trains_nothing(run_dir):
     before = {name: (run_dir / name).read_bytes() for name in (HISTORY_FILE, RECIPE_FILE, "adapter_model.safetensors")}
     result = resume(run_dir, "--learning_rate", "1e-3")  # a changed key that does not fix shapes: a warning
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "is finished" in result.stderr and "checkpoint-2 is at step 2 of max_steps 2" in result.stderr
+    assert "is finished: it trained to step 2; nothing to train (raise max_steps to train on)" in result.stderr
     assert "learning_rate 0.002 -> 0.001" in result.stderr and "Traceback" not in result.stderr
     assert not (run_dir / "checkpoint-3").exists() and not (run_dir / LOCK_FILE).exists()
     assert {name: (run_dir / name).read_bytes() for name in before} == before

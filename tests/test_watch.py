@@ -1,5 +1,6 @@
-"""The run watch (hf_grpo/watch.py) on hand-made histories, one test per rule, and one tiny-model run that a finding
-stops: collapse of the reward and under the floors, hacking, forgetting, plateau, the adapter a run keeps."""
+"""The run watch (hf_grpo/watch.py) on hand-made histories, one test per rule, its error rate on simulated runs that
+learn nothing (benchmarks/watch_null.py's simulation), its saved state, and one tiny-model run that a finding stops:
+collapse of the reward and under the floors, hacking, forgetting, plateau, the adapter a run keeps."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import pytest
 import torch
 
 from hf_grpo.evaluation.summary import watch_markdown
-from hf_grpo.watch import Evaluation, RunWatch
+from hf_grpo.run_files import WATCH_STATE, RunFileError
+from hf_grpo.watch import FALSE_ALARM_RATE, Budget, Evaluation, RunWatch
+
+from .helpers.common import REPO
 
 
 def args(**overrides):
     values = dict(stop_on=[], watch_patience=2, watch_reward_drop=0.5, watch_floors=None, watch_plateau_evals=3)
-    return SimpleNamespace(**{"max_steps": 12, **values, **overrides})
+    return SimpleNamespace(**{"max_steps": 12, "task_eval_steps": 4, **values, **overrides})
 
 
 def logged(watch: RunWatch, records: list[dict], first_step: int = 1):
@@ -66,17 +70,20 @@ def test_a_signal_under_its_floor_for_patience_steps_is_a_collapse_once(floor, k
     assert finding.kind == "collapse" and finding.step == 3 and named in finding.text, finding.text
 
 
-def test_hacking_is_a_rising_reward_with_a_fall_the_paired_interval_sees():
+def test_hacking_is_a_rising_reward_with_a_fall_from_step_0_the_exact_test_sees():
     watch = RunWatch(args())
     watch.evaluated(0, evaluation(0, 50))
     logged(watch, [{"reward": r} for r in (0.3, 0.35, 0.6, 0.9)])
-    watch.evaluated(4, evaluation(4, 47))  # 3 fewer right: an interval that holds 0
+    watch.evaluated(4, evaluation(4, 47))  # 3 fewer right: p 0.125
     assert not watch.findings
-    watch.evaluated(4, evaluation(4, 20))
+    watch.evaluated(8, evaluation(8, 20))
     (finding,) = watch.findings
-    assert finding.kind == "hacking" and (finding.since, finding.step) == (0, 4)
+    assert finding.kind == "hacking" and (finding.since, finding.step) == (0, 8)
     assert "training reward rose 0.325 -> 0.750" in finding.text and "fell 0.500 -> 0.200" in finding.text
-    assert "on the same 100 problems" in finding.text
+    # 12 steps every 4: 3 looks; hacking's half of 5% for them (no kinds: one rule) is 0.0083 a look
+    assert "-30.0 points on the same 100 problems: 30 of the 30 that changed fell, exact p 9.3e-10 <= 0.0083" in (
+        finding.text
+    )
     flat = RunWatch(args())  # the same fall with a reward that did not rise is no hacking (collapse may say it)
     flat.evaluated(0, evaluation(0, 50))
     logged(flat, [{"reward": 0.5} for _ in range(4)])
@@ -84,7 +91,18 @@ def test_hacking_is_a_rising_reward_with_a_fall_the_paired_interval_sees():
     assert not flat.findings
 
 
-def test_forgetting_is_one_kind_falling_while_the_whole_rises():
+def test_hacking_compares_with_step_0_not_with_the_best_evaluation_so_far():
+    """A rise, then back to where it started: the old rule compared with the best (the largest of several noisy
+    numbers) and called the way back hacking; against step 0 nothing fell."""
+    watch = RunWatch(args())
+    watch.evaluated(0, evaluation(0, 50))
+    logged(watch, [{"reward": r} for r in (0.3, 0.35, 0.6, 0.9)])
+    watch.evaluated(4, evaluation(4, 70))
+    watch.evaluated(8, evaluation(8, 50))
+    assert not watch.findings
+
+
+def test_forgetting_is_one_kind_falling_while_the_others_hold():
     """The reasoning adapter's held-out words: three-operand sums 2/64 -> 39/64, multiplication 21/56 -> 5/56."""
     kinds = dict.fromkeys(range(64), "sum3") | dict.fromkeys(range(64, 120), "multiply")
     sums_first = list(range(64))
@@ -98,22 +116,63 @@ def test_forgetting_is_one_kind_falling_while_the_whole_rises():
     watch.evaluated(6, later)
     (finding,) = watch.findings
     assert finding.kind == "forgetting" and "'multiply' problems fell 21/56 -> 5/56" in finding.text
-    assert "while the whole rose 0.192 -> 0.367" in finding.text
+    assert "16 of the 16 that changed fell" in finding.text and "while the other kinds went 0.031 -> 0.609" in (
+        finding.text
+    )
 
 
-def test_a_plateau_stops_the_run_when_asked_and_a_real_gain_restarts_its_count():
-    watch = RunWatch(args(stop_on=["plateau"]))
+def test_a_plateau_needs_a_gain_first_and_a_further_gain_restarts_its_count():
+    """A run that never gained is no plateau (under no change, the old rule stopped every run it watched)."""
+    watch = RunWatch(args(stop_on=["plateau"], max_steps=20, task_eval_steps=2))
     control = SimpleNamespace(should_training_stop=False)
     watch.evaluated(0, evaluation(0, 30), control=control)
-    watch.evaluated(2, evaluation(2, 55), control=control)  # a gain whose interval is above 0: the new anchor
-    for step, right in ((4, 57), (6, 53)):
+    for step, right in ((2, 31), (4, 29), (6, 30), (8, 32)):
+        watch.evaluated(step, evaluation(step, right), control=control)
+    assert not control.should_training_stop and not watch.findings
+    watch.evaluated(10, evaluation(10, 55), control=control)  # a gain over step 0 that passes its share
+    for step, right in ((12, 57), (14, 53)):
         watch.evaluated(step, evaluation(step, right), control=control)
     assert not control.should_training_stop
-    watch.evaluated(8, evaluation(8, 56), control=control)
+    watch.evaluated(16, evaluation(16, 56), control=control)
     assert control.should_training_stop and watch.stopped["reason"] == "plateau"
-    assert watch.stopped["steps_saved"] == 4 and watch.findings[-1].text.startswith(
-        "plateau: 3 evaluations since step 2"
+    assert watch.stopped["steps_saved"] == 4
+    assert watch.findings[-1].text == (
+        "plateau: held-out accuracy rose 0.300 -> 0.550 by step 10, then 3 evaluations gained nothing more"
     )
+
+
+def test_the_budget_spends_at_most_the_false_alarm_rate_over_every_test_of_a_run():
+    for looks, kinds, plateau in [(0, 0, False), (2, 6, False), (10, 6, True), (30, 2, True), (1, 0, True)]:
+        budget = Budget(looks, kinds, plateau)
+        per_look = sum(budget.share(rule) * (kinds if rule == "forgetting" else 1) for rule in budget.rules)
+        final = sum(budget.share(rule, final=True) * (kinds if rule == "forgetting" else 1) for rule in budget.rules)
+        assert looks * per_look + final == pytest.approx(FALSE_ALARM_RATE), (looks, kinds, plateau)
+
+
+def null_simulation():
+    """benchmarks/watch_null.py as a module: its simulation of runs through the real RunWatch."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("watch_null", REPO / "benchmarks" / "watch_null.py")
+    module = sys.modules.setdefault("watch_null", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("rate", [0.3, 1.0])
+def test_runs_that_learn_nothing_get_a_finding_in_at_most_5_percent(rate):
+    """A GPU recipe's shape (300 held out, 200 periodic, 100 steps, every 10, six kinds), held-out accuracy never
+    changing while the reward rises: the old rules (each look against the best so far, every kind at the nominal
+    level) found hacking or forgetting in 40% of such runs, and plateau in all of them."""
+    import numpy as np
+
+    sim = null_simulation()
+    shape, rng, model = sim.SHAPES["gpu, 100 steps"], np.random.default_rng(7), sim.tiny_adapter_model()
+    runs = [sim.simulate(shape, rate, rng, model, stop_on=("plateau",)) for _ in range(300)]
+    found = sum(any(k in r["found"] for k in ("hacking", "forgetting", "plateau")) for r in runs) / len(runs)
+    kept = sum(r["kept"] for r in runs) / len(runs)
+    assert found <= FALSE_ALARM_RATE + 0.03 and kept <= 0.08, (found, kept)  # 5% plus three standard errors
 
 
 def test_stop_on_degraded_ends_training_at_the_finding_and_says_what_it_saved():
@@ -141,7 +200,7 @@ def lora_b(model) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for n, p in model.named_parameters() if "lora_B" in n])
 
 
-def test_the_run_keeps_an_earlier_adapter_only_when_it_beats_the_last_with_its_interval_above_0(adapter_model):
+def test_the_run_keeps_an_earlier_adapter_only_when_it_beats_the_last_by_the_exact_test(adapter_model, caplog):
     """The policy right after a warm start scored 0.490 and the collapsed last one ~0: the first is kept."""
     watch = RunWatch(args())
     at_start = lora_b(adapter_model).clone()
@@ -150,11 +209,35 @@ def test_the_run_keeps_an_earlier_adapter_only_when_it_beats_the_last_with_its_i
         for name, param in adapter_model.named_parameters():
             if "lora_B" in name:
                 param.add_(1.0)  # training moved the adapter
-    assert watch.choose_kept(evaluation(4, 46), adapter_model) is None  # not better beyond noise: the last stays
+    assert watch.choose_kept(evaluation(4, 46)) is None  # not better beyond noise: the last stays
+    kept = watch.choose_kept(evaluation(4, 2))
+    assert kept["step"] == 0 and kept["last_step"] == 4 and kept["chosen_on"] == 100
+    assert kept["against_last"]["p"] <= kept["against_last"]["alpha"] == 0.05  # one earlier evaluation
     assert not torch.equal(lora_b(adapter_model), at_start)
-    kept = watch.choose_kept(evaluation(4, 2), adapter_model)
-    assert kept["step"] == 0 and kept["last_step"] == 4 and kept["against_last"]["ci95"][0] > 0
-    assert torch.equal(lora_b(adapter_model), at_start)  # restored
+    watch.restore(adapter_model)
+    assert torch.equal(lora_b(adapter_model), at_start)
+    every_problem_chose = RunWatch(args(), judge_apart=False)  # nothing left to judge a kept adapter on
+    every_problem_chose.evaluated(0, evaluation(0, 49), adapter_model)
+    assert every_problem_chose.choose_kept(evaluation(4, 2)) is None
+    assert "none is left to judge it on: the last state is kept" in caplog.text
+
+
+def test_the_watch_state_survives_a_checkpoint_and_a_damaged_one_is_one_line(adapter_model, tmp_path):
+    watch = RunWatch(args(stop_on=["degraded"]))
+    watch.evaluated(0, evaluation(0, 49, kinds=dict.fromkeys(range(100), "a")), adapter_model)
+    logged(watch, [{"reward": r} for r in (0.83, 0.07, 0.0, 0.0)])
+    watch.evaluated(4, evaluation(4, 10), adapter_model)
+    watch.save_state(tmp_path)
+    again = RunWatch(args(stop_on=["degraded"]))
+    assert again.load_state(tmp_path)
+    assert [e.grades for e in again.evaluations] == [e.grades for e in watch.evaluations]
+    assert again.best.step == 0 and again.evaluations[0].kinds[3] == "a" and again.stopped == watch.stopped
+    assert again.summary() == watch.summary() and again.rewards == watch.rewards
+    assert all(torch.equal(again.best.adapter[k], watch.best.adapter[k]) for k in watch.best.adapter)
+    assert not RunWatch(args()).load_state(tmp_path / "nothing")
+    (tmp_path / WATCH_STATE).write_text('{"rewards": []}')
+    with pytest.raises(RunFileError, match=f"{WATCH_STATE} is not the run watch's state hf_grpo wrote"):
+        RunWatch(args()).load_state(tmp_path)
 
 
 def test_a_finding_stops_a_tiny_run_cleanly_and_every_output_names_it(tmp_path, caplog):

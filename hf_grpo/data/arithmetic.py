@@ -19,6 +19,8 @@ from __future__ import annotations
 import random
 import zlib
 
+from .held_out import distinct
+
 
 NAMES = ["Tom", "Ana", "Sam", "Mia", "Leo", "Ivy", "Max", "Zoe"]
 ITEMS = ["apples", "pens", "cards", "books", "coins", "shells"]
@@ -102,6 +104,8 @@ def make_split(split: str, n: int, seed: int, two_step_share: float = 0.0) -> li
     if not 0.0 <= two_step_share <= 1.0:
         raise ValueError(f"two_step_share must lie in [0, 1], got {two_step_share}")
     rng = random.Random(f"{split}-{seed}")
+    if split == "test":  # held out: no problem twice (data/held_out.py)
+        return distinct(lambda _: make_problem(rng, split, two_step_share), [None] * n, "the arithmetic test split")
     return [make_problem(rng, split, two_step_share) for _ in range(n)]
 
 
@@ -165,7 +169,7 @@ def make_transfer_split(n: int, seed: int) -> list[dict]:
         "rephrased": lambda: _one_step(rng, REPHRASED, OTHER_NAMES, OTHER_ITEMS),
         "two_step": lambda: _two_step(rng),
     }
-    return [{**make[kind](), "kind": kind} for kind in (TRANSFER_KINDS[i % 3] for i in range(n))]
+    return distinct(lambda kind: make[kind](), [TRANSFER_KINDS[i % 3] for i in range(n)], "arithmetic_transfer")
 
 
 def make_reasoning_split(n: int, seed: int) -> list[dict]:
@@ -180,8 +184,8 @@ def make_reasoning_split(n: int, seed: int) -> list[dict]:
         "three_step": lambda: _three_step(rng),
         "distractor": lambda: _distractor(rng),
     }
-    kinds = (REASONING_KINDS[i % len(REASONING_KINDS)] for i in range(n))
-    return [{**make[kind](), "kind": kind} for kind in kinds]
+    kinds = [REASONING_KINDS[i % len(REASONING_KINDS)] for i in range(n)]
+    return distinct(lambda kind: make[kind](), kinds, "arithmetic_reasoning")
 
 
 HELD_OUT_SETS = {"arithmetic_transfer": make_transfer_split, "arithmetic_reasoning": make_reasoning_split}

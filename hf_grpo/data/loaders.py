@@ -8,6 +8,7 @@ file works with explicit columns. Other columns are kept for the rewards. Preset
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -433,6 +434,23 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
     return kept.map(to_grpo, desc=f"formatting {where} prompts")
 
 
+def without_repeats(test: Dataset) -> Dataset:
+    """The held-out rows with each prompt once (the first time it appears): a repeat is graded the same way twice and
+    would count twice in every interval (data/held_out.py). How many were dropped is logged."""
+    seen, keep = set(), []
+    for i, prompt in enumerate(test["prompt"]):
+        key = json.dumps(prompt, sort_keys=True) if not isinstance(prompt, str) else prompt
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    if len(keep) == len(test):
+        return test
+    logger.warning("held-out data: dropped %d of %d rows whose prompt repeats an earlier row's (a repeat would count "
+                   "twice in every interval); %d distinct problems are evaluated", len(test) - len(keep), len(test),
+                   len(keep))  # fmt: skip
+    return test.select(keep)
+
+
 def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dataset | None]:
     """Train and eval datasets with columns ``prompt`` and ``solution``; eval is None when there is none."""
     if args.dataset_streaming:
@@ -449,6 +467,7 @@ def load_grpo_datasets(args: DataArguments, seed: int = 0) -> tuple[Dataset, Dat
         train, test = parts["train"], parts["test"]
     train = _to_grpo(train, args, args.resolved(), "train")
     test = _to_grpo(test, args, args.resolved(args.eval_dataset_name or None), "eval") if test is not None else None
+    test = without_repeats(test) if test is not None else None
     if args.max_train_samples is not None and len(train) > args.max_train_samples:
         train = train.shuffle(seed=seed).select(range(args.max_train_samples))
     if test is not None and args.max_eval_samples is not None and len(test) > args.max_eval_samples:

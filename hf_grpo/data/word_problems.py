@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import random
 
+from .held_out import distinct
+
 
 NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Iris", "Jack", "Kira", "Luis", "Maya", "Noah"]
 ITEMS = ["apples", "pencils", "marbles", "cookies", "stickers", "books", "shells", "cards", "eggs", "bottles"]
@@ -166,10 +168,11 @@ def make_train(n: int, seed: int, max_steps: int = 3, named_lines: bool = False)
 
 
 def _held_out(rng: random.Random, kind: str) -> dict:
-    """One held-out problem of ``kind`` (``HELD_OUT_KINDS``), its worked answer and solution."""
+    """One held-out problem of ``kind`` (``HELD_OUT_KINDS``), its worked answer and solution. Each kind has room for
+    88 or more sets of numbers (``HELD_OUT_SPACE``), so a set of 300 (50 a kind) has no repeat."""
     name, other = rng.sample(HELD_OUT_NAMES, 2)
     if kind == "price":
-        price, count = rng.randint(2, 9), rng.randint(2, 8)
+        price, count = rng.randint(2, 12), rng.randint(2, 9)
         thing = rng.choice(["notebook", "ticket", "sandwich", "poster"])
         question = f"A {thing} costs {price} dollars. How many dollars do {count} {thing}s cost?"
         lines, result = [f"{count} * {price} = {count * price}"], count * price
@@ -179,13 +182,13 @@ def _held_out(rng: random.Random, kind: str) -> dict:
         question = f"{name} scored {low + more} {what} and {other} scored {low}. How many more did {name} score?"
         lines, result = [f"{low + more} - {low} = {more}"], more
     elif kind == "groups":
-        groups, size = rng.randint(2, 9), rng.randint(2, 9)
+        groups, size = rng.randint(2, 9), rng.randint(2, 12)
         question = (
             f"The coach splits the club into {groups} teams of {size} players. How many players are in the club?"
         )
         lines, result = [f"{groups} * {size} = {groups * size}"], groups * size
     elif kind == "share":
-        people, each = rng.randint(2, 9), rng.randint(2, 9)
+        people, each = rng.randint(2, 9), rng.randint(2, 12)
         food = rng.choice(["grapes", "crackers", "slices of melon"])
         question = f"{people * each} {food} are served equally on {people} plates. How many are on each plate?"
         lines, result = [f"{people * each} / {people} = {each}"], each
@@ -194,8 +197,8 @@ def _held_out(rng: random.Random, kind: str) -> dict:
         question = f"A bakery sold {x} pies on Friday, {y} on Saturday and {z} on Sunday. How many pies did it sell?"
         lines, result = [f"{x} + {y} = {x + y}", f"{x + y} + {z} = {x + y + z}"], x + y + z
     else:  # change
-        price, count = rng.randint(2, 6), rng.randint(2, 4)
-        bill = next(b for b in (10, 20, 50) if b > price * count)
+        price, count = rng.randint(2, 9), rng.randint(2, 5)
+        bill = rng.choice([b for b in CHANGE_BILLS if b > price * count])
         question = (
             f"{name} pays with a {bill} dollar bill for {count} pens at {price} dollars each. How many dollars of "
             f"change does {name} get?"
@@ -205,8 +208,22 @@ def _held_out(rng: random.Random, kind: str) -> dict:
     return {"question": question, "answer": "\n".join([*lines, f"#### {result}"]), "solution": str(result)}
 
 
+CHANGE_BILLS = (10, 20, 50, 100)
+# Distinct sets of numbers of each held-out kind: a set asks for at most this many of a kind.
+HELD_OUT_SPACE = {"price": 11 * 8, "compare": 18 * 14, "groups": 8 * 11, "share": 8 * 11, "sum_three": 19**3,
+                  "change": sum(b > p * c for p in range(2, 10) for c in range(2, 6) for b in CHANGE_BILLS)}  # fmt: skip
+
+
 def make_held_out(n: int, seed: int) -> list[dict]:
-    """``n`` held-out problems, their ``kind`` cycling through ``HELD_OUT_KINDS``. Reproducible from ``seed``."""
+    """``n`` held-out problems, their ``kind`` cycling through ``HELD_OUT_KINDS``, no two alike (no same question,
+    within a kind no same numbers: ``held_out.distinct``). Reproducible from ``seed``."""
+    kinds = [HELD_OUT_KINDS[i % len(HELD_OUT_KINDS)] for i in range(n)]
+    short = [k for k in HELD_OUT_KINDS if kinds.count(k) > HELD_OUT_SPACE[k]]
+    if short:
+        most = len(HELD_OUT_KINDS) * min(HELD_OUT_SPACE.values())
+        raise ValueError(
+            f"word_problems_held_out has {HELD_OUT_SPACE[short[0]]} distinct {short[0]!r} problems and "
+            f"arithmetic_eval_size {n} asks for {kinds.count(short[0])}: set arithmetic_eval_size to at most {most}"
+        )
     rng = random.Random(f"word-problems-held-out-{seed}")
-    kinds = (HELD_OUT_KINDS[i % len(HELD_OUT_KINDS)] for i in range(n))
-    return [{**_held_out(rng, kind), "kind": kind} for kind in kinds]
+    return distinct(lambda kind: _held_out(rng, kind), kinds, "word_problems_held_out")

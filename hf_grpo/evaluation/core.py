@@ -24,11 +24,11 @@ from ..rewards.grading import GRADES
 from ..rewards.wrapper import RewardPool
 from ..stopping import raise_if_stopped
 from ..workers import Result, default_num_workers
+from .stats import EVAL_GRADES
 
 
 logger = logging.getLogger(__name__)
 
-EVAL_GRADES = (*GRADES, "timeout", "error")  # every grade an evaluation record can hold
 DEFAULT_GRADE_TIMEOUT = RewardArguments.reward_timeout  # seconds per completion, as a recipe's reward_timeout
 MAX_GRADE_WORKERS = 4  # workers of a pool started for grading (fewer when the machine or the batch is smaller)
 GRADE_PROGRESS_SLICE = 64  # least completions graded per pool.map call while a progress bar is shown

@@ -60,8 +60,12 @@ class HistoryCallback(TrainerCallback):
             write_json(self.path, self.records)
 
     def mark(self, step: int, finding: dict) -> None:
-        """A record of the run watch's (``{"step", "watch": finding}``), between the step's logs (main process)."""
-        self.records.append({"step": step, "watch": finding})
+        """A record of the run watch's (``{"step", "watch": finding}``), between the step's logs (main process); once,
+        when a finishing run finds again what it found before it was stopped."""
+        record = {"step": step, "watch": finding}
+        if record in self.records:
+            return
+        self.records.append(record)
         write_json(self.path, self.records)
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -24,6 +24,9 @@ from ..run_files import EVAL_FILE, EVAL_RECORDS
 logger = logging.getLogger(__name__)
 
 CORRECT = "correct"  # the grade that counts as right; "wrong" and "unparseable" both count as not right
+# Every grade an evaluation record can hold: the grader's three (rewards.grading.GRADES), then a grading that timed
+# out or failed in its worker (evaluation.core).
+EVAL_GRADES = ("correct", "wrong", "unparseable", "timeout", "error")
 METHOD = "Bonett-Price adjusted Wald, paired per problem"
 Z95 = NormalDist().inv_cdf(0.975)  # 1.959963984540054
 
@@ -95,6 +98,31 @@ def paired_gain(before: Sequence[str], after: Sequence[str]) -> dict:
         "wrong_to_right": c,
         "method": METHOD,
     }
+
+
+def summarize(records: list[dict]) -> dict:
+    """An evaluation's summary from its per-problem records: accuracy, a count per grade, total."""
+    n = len(records)
+    counts = {g: sum(r["grade"] == g for r in records) for g in EVAL_GRADES}
+    return {"accuracy": counts["correct"] / n if n else 0.0, **counts, "total": n}
+
+
+def one_sided_p(gain: dict, direction: str) -> float:
+    """McNemar's exact one-sided p-value of a ``paired_gain``: the chance, were accuracy unchanged, that at least as
+    many of the problems that changed would have moved ``direction`` (``"fell"``: right -> wrong, ``"rose"``).
+
+    Conditional on the m problems that changed, each moved either way with chance 1/2 under no change, so the count
+    that fell is Binomial(m, 1/2) (McNemar 1947). Exact, so its error rate holds at any level and any m, where the
+    adjusted Wald interval is anti-conservative in the far tail (12 of 12 fell: 6.7e-5 against the exact 2.4e-4).
+
+    >>> one_sided_p({"right_to_wrong": 9, "wrong_to_right": 1}, "fell")  # 11 of the 1024 ways
+    0.0107421875
+    """
+    moved, other = gain["right_to_wrong"], gain["wrong_to_right"]
+    if direction == "rose":
+        moved, other = other, moved
+    m = moved + other
+    return sum(math.comb(m, k) for k in range(moved, m + 1)) / 2**m
 
 
 def gains_by_kind(before: list[dict], after: list[dict]) -> dict[str, dict]:

@@ -95,12 +95,15 @@ def watch_markdown(results: dict) -> list[str]:
             f"- stopped at step {stopped['step']} ({stopped['reason']}): {stopped['steps_saved']} steps not trained, "
             f"about {stopped['seconds_saved']} s saved"
         )
-    if kept:
-        against = kept["against_last"]
+    if kept:  # its gain on the problems that chose it is selected (the best of several): no interval is shown
+        against, problems = kept["against_last"], results.get("problems") or {}
+        changed = against["wrong_to_right"] + against["right_to_wrong"]
         lines.append(
-            f"- kept the adapter of step {kept['step']} (held-out accuracy {kept['accuracy']:.1%} on "
-            f"{kept['n']} problems), not the last one of step {kept['last_step']}: {gain_interval(against)} against "
-            "it; the evaluation after training above is the kept adapter's"
+            f"- kept the adapter of step {kept['step']} (held-out accuracy {kept['accuracy']:.1%} on the "
+            f"{kept['chosen_on']} problems it was chosen on), not the last one of step {kept['last_step']}: "
+            f"{points(against['gain'])} points against it there, {against['wrong_to_right']} of the {changed} that "
+            f"changed rose (exact p {against['p']:.2g} <= {against['alpha']:.2g}); the evaluation after training "
+            f"above is the kept adapter's, on the {problems.get('judged', '?')} other problems"
         )
     return [*lines, ""]
 

@@ -32,8 +32,9 @@ from ..progress import enabled_for
 from ..rewards.wrapper import IsolatedReward, RewardPool
 from ..run_files import EVAL_RECORDS
 from ..workers import default_num_workers
-from .core import DEFAULT_GRADE_TIMEOUT, EVAL_GRADES, MAX_GRADE_WORKERS, evaluate
+from .core import DEFAULT_GRADE_TIMEOUT, MAX_GRADE_WORKERS, evaluate
 from .device import describe, eval_batch_size, model_device, place_for_generation
+from .stats import EVAL_GRADES, summarize
 
 
 logger = logging.getLogger(__name__)
@@ -57,13 +58,6 @@ def in_step(trainer) -> bool:
     """Whether the processes must run every ``generate`` in step (parameters sharded across several of them): a
     process cannot then halve its batch on its own."""
     return trainer is not None and trainer.accelerator.num_processes > 1 and sharded(trainer)
-
-
-def summarize(records: list[dict]) -> dict:
-    """An evaluation's summary from its per-problem records: accuracy, a count per grade, total."""
-    n = len(records)
-    counts = {g: sum(r["grade"] == g for r in records) for g in EVAL_GRADES}
-    return {"accuracy": counts["correct"] / n if n else 0.0, **counts, "total": n}
 
 
 class TaskEvaluator:
