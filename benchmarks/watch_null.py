@@ -114,7 +114,6 @@ def records(grades: np.ndarray, kinds: np.ndarray, has_kinds: bool) -> list[dict
 
 def simulate(shape: Shape, rate: float, rng, model, effect: str | None = None, stop_on=()) -> dict:
     """One run through the real RunWatch; what it found, when, and what it kept."""
-    logging.getLogger("hf_grpo.watch").setLevel(logging.ERROR)
     n, k = shape.held_out, max(shape.kinds, 1)
     kinds, has_kinds = np.arange(n) % k, shape.kinds >= 2
     base = rng.beta(0.7, 1.0, n)
@@ -181,6 +180,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rates", nargs="*", type=float, default=list(RATES))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    logging.getLogger("hf_grpo.watch").setLevel(logging.ERROR)  # its findings are counted, not printed
     model, start = tiny_adapter_model(), time.perf_counter()
     print(f"{args.runs} simulated runs a row, the real hf_grpo.watch.RunWatch; rate: the chance a problem is graded "
           "again between two evaluations\n")  # fmt: skip

@@ -20,7 +20,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .data.loaders import ALIASES, EMBEDDED, PRESETS
-from .evaluation.summary import eval_table, gain_interval, gain_sentence, kinds_markdown, watch_markdown
+from .evaluation import summary
 from .local_models import PACKAGED_MODELS
 from .recipe import load_yaml
 from .results import RunResult, as_run_result, run_kind
@@ -295,17 +295,19 @@ def _evaluation(run: RunResult) -> dict | None:
     if not run.has_eval:
         return None
     before, after, task = run.evaluations["before"], run.evaluations["after"], _task(run)
+    kinds = summary.kinds_markdown(run.evaluations.get("kinds") or {}, run.evaluations.get("kinds_by_step"))
+    more = [*summary.judged_sentence(run.evaluations), *kinds, *summary.watch_markdown(run.evaluations)]
     return {
         "total": after["total"],
         "before": f"{before['accuracy']:.1%}",
         "after": f"{after['accuracy']:.1%}",
-        "interval": gain_interval(run.gain) if run.gain is not None else None,
+        "interval": summary.gain_interval(run.gain) if run.gain is not None else None,
         "setup": _eval_setup(run),
         "grading": f" A completion counts as correct when {GRADING[task]}." if task in GRADING else "",
-        "table": eval_table(run.evaluations, run.gain),
-        "verdict": gain_sentence(run.gain) if run.gain is not None else None,
+        "table": summary.eval_table(run.evaluations, run.gain),
+        "verdict": summary.gain_sentences(run.evaluations, run.gain) if run.gain is not None else None,
         # per kind of problem, and the run watch's findings and the adapter it kept (as in summary.md)
-        "more": "\n".join([*kinds_markdown(run.evaluations.get("kinds") or {}), *watch_markdown(run.evaluations)]),
+        "more": "\n".join(more),
     }
 
 

@@ -27,7 +27,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .run_files import CHECKPOINT_MANIFEST, RECIPE_FILE
+from .run_files import CHECKPOINT_MANIFEST, RECIPE_FILE, RunFileError, read_checked
 
 
 logger = logging.getLogger(__name__)
@@ -93,11 +93,16 @@ def write_manifest(
 
 
 def read_manifest(folder: str | os.PathLike) -> dict | None:
-    """The manifest of checkpoint ``folder``, None when it has none (another program wrote it)."""
-    try:
-        return json.loads((Path(folder) / MANIFEST).read_text())
-    except FileNotFoundError:
+    """The manifest of checkpoint ``folder``, None when it has none (another program wrote it); ``RunFileError``
+    naming it when it is damaged or not what ``write_manifest`` writes."""
+    path = Path(folder) / MANIFEST
+    manifest = read_checked(path, dict, missing_ok=True)
+    if manifest is None:
         return None
+    files, processes = manifest.get("files"), manifest.get("num_processes")
+    if not isinstance(files, dict) or not isinstance(processes, int) or isinstance(processes, bool):
+        raise RunFileError(f"{path} is not the checkpoint manifest hf_grpo writes (no files and num_processes)")
+    return manifest
 
 
 def problem(folder: str | os.PathLike, num_processes: int | None = None) -> str | None:
@@ -105,8 +110,8 @@ def problem(folder: str | os.PathLike, num_processes: int | None = None) -> str 
     folder = Path(folder)
     try:
         manifest = read_manifest(folder)
-    except (OSError, ValueError) as exc:
-        return f"{folder / MANIFEST} is unreadable ({exc})"
+    except RunFileError as exc:
+        return str(exc)
     if manifest is None:
         return f"no {MANIFEST}: the run stopped while writing it (or another program wrote it)"
     for name, size in manifest["files"].items():
@@ -305,7 +310,7 @@ def keep_best(run_dir: str | os.PathLike, newest: str, score: float | None, keep
     outside the best ``keep`` or without a score is deleted. The scores file is replaced atomically.
     """
     path = Path(run_dir) / SCORES_FILE
-    scores = json.loads(path.read_text()) if path.exists() else {}
+    scores = read_checked(path, dict, missing_ok=True) or {}
     scores[newest] = score
 
     def rank(name: str) -> tuple[float, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -292,6 +293,13 @@ class HfGRPOConfig(GRPOConfig):
         floors = sorted(set(self.watch_floors or {}) - set(WATCH_FLOORS))
         if floors:
             raise ValueError(f"watch_floors takes {list(WATCH_FLOORS)}, not {floors}")
+        for key, floor in (self.watch_floors or {}).items():
+            high = 1 if key == "signal" else math.inf  # signal is a share of groups; the others nats and tokens
+            if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor <= high:
+                meaning = {"signal": "a share of groups, above 0 and at most 1 (0.1: a finding when fewer than 10% of "
+                           "groups have rewards that differ)", "entropy": "nats per token, above 0 (such as 0.05)",
+                           "completion_length": "tokens, above 0 (such as 8)"}[key]  # fmt: skip
+                raise ValueError(f"watch_floors.{key} is {meaning}; got {floor!r}: set watch_floors: {{{key}: ...}}")
         if self.stop_on and not self.watch:
             raise ValueError(f"stop_on {self.stop_on} needs watch: true (the watch decides when to stop)")
         if "plateau" in (self.stop_on or []) and self.task_eval_steps < 1:

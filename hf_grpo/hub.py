@@ -240,8 +240,9 @@ def run_problem(out: Path) -> str | None:
     None; checked before anything is sent.
 
     A run of hf_grpo holds its manifest, ``hf_grpo_run.json``, or is an earlier version's run
-    (``run_files.is_run_folder``); a folder another trainer wrote is never uploaded, whatever else it holds. A run is
-    finished when it holds, whole, the weights training saves into ``output_dir`` after its last step
+    (``run_files.is_run_folder``); a folder another trainer wrote is never uploaded, whatever else it holds. A run
+    whose manifest names its phase (``run_files.run_state``) is finished in phase ``finished``; an earlier version's
+    run is finished when it holds, whole, the weights training saves into ``output_dir`` after its last step
     (``trainer.save_model``): the adapter (``adapter_config.json`` + ``adapter_model.safetensors``) or the full model
     (``config.json`` + ``model.safetensors``, or every shard ``model.safetensors.index.json`` names), each
     safetensors file as long as its header says. ``checkpoint-N/`` does not count (training part of the way), nor do
@@ -253,12 +254,18 @@ def run_problem(out: Path) -> str | None:
             f"{out} is not a run of hf_grpo (it has no {run_files.RUN_MANIFEST}, the file `hf-grpo train` writes "
             "first into its output_dir): push only an output_dir that `hf-grpo train` wrote; nothing was sent"
         )
+    phase = (run_files.run_state(out) or {}).get("phase")
+    if phase in ("trained", "kept"):  # its last weights may yet be replaced by the adapter the watch keeps
+        return (f"{out} is a run of hf_grpo that trained but has not finished (its manifest says {phase!r}): finish "
+                f"it with `hf-grpo report {shlex.quote(str(out))}`, then push; nothing was sent")  # fmt: skip
     kind, names = run_kind(out), [ADAPTER_FILES[1]]
     if kind == "model":
         names = [p.name for p in out.iterdir() if p.name == "model.safetensors" or MODEL_SHARD.match(p.name)]
         with contextlib.suppress(*MALFORMED):  # no index, or one that does not parse: the shards that are there
             names += map(str, json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values())
     missing = None if kind else f"it holds no trained weights ({FINISHED})"
+    if phase == "training":  # weights in the folder, if any, are an earlier training's
+        missing = "it was stopped while it trained (its manifest says 'training')"
     for name in sorted(set(names)) if kind else []:
         if not (out / name).is_file():
             missing = missing or f"{name}, which model.safetensors.index.json names, is missing"

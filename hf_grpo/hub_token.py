@@ -19,18 +19,21 @@ TIMEOUT_ENV = "HF_GRPO_HUB_TIMEOUT"  # seconds one request to the Hub may go wit
 DEFAULT_TIMEOUT = 60.0
 
 
+MOST_SECONDS = 86400
+
+
 def hub_timeout() -> float:
     """The seconds one request to the Hub may go without an answer: ``HF_GRPO_HUB_TIMEOUT``, else 60;
-    ``ValueError`` for a value that is not a number of seconds above 0."""
+    ``ValueError`` for a value that is not a number of seconds above 0 and at most a day."""
     raw = os.environ.get(TIMEOUT_ENV, "").strip() or str(DEFAULT_TIMEOUT)
     try:
         seconds = float(raw)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(seconds) and 0 < seconds <= MOST_SECONDS):  # a longer wait overflows the socket's clock
         raise ValueError(
-            f"{TIMEOUT_ENV}={raw!r} is not a number of seconds above 0: set it to e.g. 60, or unset it (60 s by "
-            "default)"
+            f"{TIMEOUT_ENV}={raw!r} is not a number of seconds above 0 and at most {MOST_SECONDS} (a day): set it "
+            "to e.g. 60, or unset it (60 s by default)"
         )
     return seconds
 

@@ -97,12 +97,17 @@ def evaluate(evaluator, trainer, label: str, recorded: bool = False, fresh: bool
 
 
 def train(trainer, on_failure, resume: str | None) -> None:
+    """``trainer.train()``; then one line per reward that failed on some completions while training went on."""
     try:
         trainer.train(resume_from_checkpoint=resume)
     except RewardFailedError:
         if trainer.accelerator.is_main_process:
             on_failure()
         raise
+    for fn in trainer.reward_funcs:
+        line = fn.summary() if hasattr(fn, "summary") else None
+        if line is not None:
+            logger.warning(line)
 
 
 def mark_trained(trainer, watch) -> None:

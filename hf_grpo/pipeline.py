@@ -44,6 +44,7 @@ from .run_files import (
     RECIPE_HEADER,
     RECIPE_HEADER_END,
     VERSIONS_FILE,
+    RunFileError,
     RunFolderError,
     claim,
     run_state,
@@ -154,7 +155,7 @@ def claim_output_dir(recipe: Recipe) -> None:
     that is no run of ours is a RecipeError naming it."""
     try:
         claim(recipe.training.output_dir)
-    except RunFolderError as exc:
+    except (RunFolderError, RunFileError) as exc:
         raise RecipeError(str(exc)) from None
 
 
@@ -201,7 +202,11 @@ def run(recipe: Recipe) -> dict:
         try:
             claim(args.output_dir)  # the run's manifest: the first file hf_grpo writes there
             lock = acquire(args.output_dir) if args.process_index == 0 else None
-        except (RunFolderError, RunLockError) as exc:  # raised by every process at once (agree_on_resume)
+        except (
+            RunFolderError,
+            RunFileError,
+            RunLockError,
+        ) as exc:  # raised by every process at once (agree_on_resume)
             problem = str(exc)
     try:
         return _run(recipe, problem)
@@ -347,6 +352,10 @@ def build_trainer(recipe: Recipe):
     )
     train_dataset, eval_dataset = fit_to_context(recipe, model, tokenizer, train_dataset, eval_dataset)
     evaluator = None
+    if eval_dataset is None and (args.task_eval_steps > 0 or args.eval_before_after):
+        logger.warning("%s has no held-out split: no held-out evaluation %s (set eval_dataset_name or eval_split_size "
+                       "to have them)", data, "before, during or after training" if args.task_eval_steps > 0 else
+                       "before and after training")  # fmt: skip
     if eval_dataset is not None:  # grades in worker processes, each completion bounded by the reward timeout
         grader = eval_grader(recipe.data)
         evaluator = TaskEvaluator(eval_dataset, grader, args, grade_timeout=recipe.rewards.reward_timeout)

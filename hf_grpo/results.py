@@ -22,7 +22,7 @@ import yaml
 
 from .evaluation.stats import resolve_gain, usable_gain
 from .recipe import field_index, load_yaml
-from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, RECIPE_FILE, VERSIONS_FILE, RunFileError
+from .run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, RECIPE_FILE, VERSIONS_FILE, RunFileError, read_checked
 
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -190,14 +190,8 @@ def _read_records(path: Path) -> list[dict]:
 
 
 def _read_json(path: Path) -> Any:
-    """The JSON file ``path`` (None when missing); ``RunFileError`` when it does not parse."""
-    if not path.is_file():
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunFileError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+    """The JSON file ``path`` (None when missing); ``RunFileError`` when it is damaged."""
+    return read_checked(path, object, missing_ok=True)
 
 
 def _read_recipe(output_dir: Path) -> tuple[str | None, dict]:

@@ -64,6 +64,8 @@ def read_checked(path: str | os.PathLike, kind: type = dict, missing_ok: bool = 
     path = Path(path)
     if path.is_dir():
         raise RunFileError(f"{path} is a folder, where hf_grpo writes a file: remove it (or move it away)")
+    if missing_ok and not path.exists():
+        return None
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -93,12 +95,14 @@ def hf_grpo_version() -> str:
 
 def run_manifest(folder: str | os.PathLike) -> dict | None:
     """The manifest of the run in ``folder`` (``{"written_by": "hf_grpo", "version": ..., "created": ...}``), or
-    None when it holds none, or one hf_grpo did not write."""
+    None when it holds none, or one hf_grpo did not write; ``RunFileError`` for one that is damaged (a folder, empty,
+    cut short), naming it."""
+    path = Path(folder) / RUN_MANIFEST
     try:
-        manifest = json.loads((Path(folder) / RUN_MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("written_by") == WRITER else None
+        manifest = read_checked(path, dict, missing_ok=True)
+    except RunFileError as exc:
+        raise RunFileError(f"{exc} (the run's next command writes it anew)") from None
+    return manifest if manifest is not None and manifest.get("written_by") == WRITER else None
 
 
 def run_state(folder: str | os.PathLike) -> dict | None:
@@ -188,8 +192,9 @@ def _first_line(path: Path) -> str:
 def output_dir_problem(output_dir: str | os.PathLike) -> str | None:
     """Why a run must not write into ``output_dir`` (the end of a sentence that starts with its name), or None.
 
-    Refused: a filesystem root (``--output_dir "$RUN_DIR/"`` with the variable unset is ``/``), the home folder, and
-    an existing folder that holds files (hidden ones aside: no file a run writes is hidden) but no run of hf_grpo. A
+    Refused: a filesystem root (``--output_dir "$RUN_DIR/"`` with the variable unset is ``/``), the home folder, a
+    folder inside another run's (one of its checkpoints, or deeper), and an existing folder that holds files (hidden
+    ones aside: no file a run writes is hidden) but no run of hf_grpo. A
     folder that does not exist yet, an empty one and a run's own (to resume it, or to train again into it) are fine.
     """
     path = Path(output_dir).expanduser().resolve()
@@ -197,6 +202,12 @@ def output_dir_problem(output_dir: str | os.PathLike) -> str | None:
         return "is the root of the filesystem"
     if path == Path.home().resolve():
         return "is your home folder"
+    outer = next((parent for parent in path.parents if is_run_folder(parent)), None)
+    if outer is not None:  # a checkpoint of that run, or any folder under it: its files are the run's
+        inside = path.relative_to(outer).parts[0]
+        return (
+            f"is inside the run in {outer} (its {inside}{'/' if inside != path.name else ''}), whose folder is its own"
+        )
     if any(not name.startswith(".") for name in _names(path)) and not is_run_folder(path):
         return f"already holds files and is no run of hf_grpo (it has no {RUN_MANIFEST})"
     return None

@@ -51,6 +51,7 @@ from .launch import (
 from .pipeline import claim_output_dir, resume_target, run
 from .recipe import NESTED, RecipeError, apply_env, field_index, load_recipe, nested_index, render_dry_run
 from .rewards.wrapper import RewardFailedError
+from .run_files import RunFileError
 from .stopping import StopSignal, stops_held
 
 
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 def ended_by(recipe, argv: list[str], exc: BaseException) -> int:
     """The exit status of a run that raised ``exc``, after its one line (or none, where another process says it);
     an error none of these explains is raised again, with its traceback."""
-    if isinstance(exc, RecipeError):  # found by the checks run() makes before loading (the checkpoint to resume from)
+    if isinstance(exc, (RecipeError, RunFileError)):  # found before loading (the checkpoint, a damaged run file)
         return fail(exc)
     if isinstance(exc, RewardFailedError):  # a reward failing on every completion (reward_max_failed_calls)
         print(file=sys.stderr)  # noqa: T201  (the error on a line of its own, after tqdm's)

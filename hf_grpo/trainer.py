@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -31,6 +32,8 @@ from .generation.draws import one_uniform_per_row
 from .generation.overlap import Lookahead
 from .progress import enabled_for
 from .rewards.health import RewardHealth
+from .rewards.wrapper import IsolatedReward
+from .run_files import LOGS_DIR
 from .selection import PromptHistory, Selector
 from .stopping import raise_if_stopped
 
@@ -76,6 +79,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         # dynamic sampling's rounds leave the KL term's reference pass to the assembled batch (batch_logps.py)
         self._defer_reference = self.args.dynamic_sampling and batch_logps.defers_reference(self)
         self.reward_health = RewardHealth(self.reward_func_names)
+        rank = self.accelerator.process_index
+        for fn in self.reward_funcs:  # a reward that fails now and then: its tracebacks in the run's logs folder
+            if isinstance(fn, IsolatedReward):
+                fn.error_log = Path(self.args.output_dir) / LOGS_DIR / f"reward_errors{f'-{rank}' if rank else ''}.log"
         if is_peft_model(self.model):  # PEFT's save writes a README.md over any: the run's card is hf_grpo.card's
             self.model.create_or_update_model_card = lambda output_dir: None
         self._shared_prompts = shared_prompts.install_in(self)  # each distinct prompt run once for its group

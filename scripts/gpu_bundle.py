@@ -45,6 +45,7 @@ MIB = 1024 * 1024
 CARRY_LIMIT = 64 * MIB  # the working tree plus the carried paths, per call
 MARGIN = 3 * MIB  # room for the tree to grow after the build, and for manifest.json
 STORE, SITE = Path("/tmp/gpu_bundle"), Path("/tmp/site")
+PROG = "gpu_bundle"  # how its errors start: `gpu_bundle: error: ...`, as every command's
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
     f"--platform={tag}_x86_64"
     for tag in ("manylinux_2_35", "manylinux_2_34", "manylinux_2_31", "manylinux_2_28", "manylinux_2_27")
@@ -207,7 +208,9 @@ def pip(*args: str) -> str:
     """Run pip of this interpreter; its output, or SystemExit with pip's own message."""
     proc = subprocess.run([sys.executable, "-m", "pip", *args], check=False, capture_output=True, text=True)
     if proc.returncode:
-        raise SystemExit(f"gpu_bundle: pip {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{PROG}: error: pip {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     return proc.stdout
 
 
@@ -221,7 +224,7 @@ def fetch(requirement: str, name: str, dest: Path) -> Path:
     found = re.findall(r"(?:Saved|File was already downloaded)\s+(\S+\.whl)", output)
     wheels = [Path(p) for p in found] or sorted(dest.glob(f"{name.replace('-', '_')}-*.whl"), key=os.path.getmtime)
     if not wheels:
-        raise SystemExit(f"gpu_bundle: no wheel for {requirement} in pip's output:\n{output[-2000:]}")
+        raise SystemExit(f"{PROG}: error: no wheel for {requirement} in pip's output:\n{output[-2000:]}")
     path = wheels[-1] if wheels[-1].is_absolute() else Path.cwd() / wheels[-1]
     return path.resolve()
 
@@ -342,6 +345,10 @@ def build(args: argparse.Namespace) -> int:
         print_calls(files, tree)
         return 0
     out = Path(args.out)
+    try:  # before any download: a folder that cannot be made is one line, not a traceback after minutes
+        (out / "wheels").mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise refuse(f"--out {out}: {error.strerror or error}: pass a folder you can write") from None
     files, conflicts = resolve(args.groups, out / "wheels")
     sources = {f.name: out / "wheels" / f.name for f in files}
     for file in files:
@@ -365,7 +372,7 @@ MARK, WRITER = "gpu_bundle-install.json", "scripts/gpu_bundle.py install"  # in 
 
 def refuse(text: str) -> SystemExit:
     """A user error: one line on stderr, exit status 2."""
-    print(f"gpu_bundle: {text}", file=sys.stderr, flush=True)  # noqa: T201
+    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)  # noqa: T201
     return SystemExit(2)
 
 
@@ -412,7 +419,7 @@ def install(args: argparse.Namespace) -> int:
         open_store(store, bundle)
         for part in (p for f in files for p in f.parts if (call_dir / p.name).is_file()):
             if sha256(call_dir / part.name) != part.sha256:
-                raise SystemExit(f"gpu_bundle: {call_dir / part.name} is damaged (sha256 differs): carry it again")
+                raise SystemExit(f"{PROG}: error: {call_dir / part.name} is damaged (sha256 differs): carry it again")
             shutil.copyfile(call_dir / part.name, store / "parts" / f"{part.name}.tmp")
             os.replace(store / "parts" / f"{part.name}.tmp", store / "parts" / part.name)
         for group, members in groups.items():
@@ -436,7 +443,7 @@ def open_store(store: Path, bundle: str) -> None:
     """``store`` made and marked for ``bundle``: another bundle's store (one install made) is removed first."""
     mark = claim(store, "--store")
     if mark is not None and mark.get("bundle") != bundle:
-        say(f"gpu_bundle: {store} holds another bundle's parts: removed")
+        say(f"{PROG}: {store} holds another bundle's parts: removed")
         shutil.rmtree(store)
     if mark is None or mark.get("bundle") != bundle:
         store.mkdir(parents=True)
@@ -453,7 +460,7 @@ def join(file: File, store: Path) -> Path:
             with open(store / "parts" / part.name, "rb") as f:
                 shutil.copyfileobj(f, out)
     if sha256(path) != file.sha256:
-        raise SystemExit(f"gpu_bundle: {file.name} put together from its parts differs from the build's: rebuild")
+        raise SystemExit(f"{PROG}: error: {file.name} put together from its parts differs from the build's: rebuild")
     return path
 
 
@@ -467,7 +474,7 @@ def install_group(group: str, wheels: list[Path], target: Path, bundle: str) -> 
         command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
         command += ["--no-cache-dir", "--disable-pip-version-check", "--target", str(fresh), *map(str, wheels)]
         if subprocess.run(command, check=False).returncode:
-            raise SystemExit(f"gpu_bundle: pip could not install group {group} into {target} (its output above)")
+            raise SystemExit(f"{PROG}: error: pip could not install group {group} into {target} (its output above)")
         if claim(target, "--site") is not None:
             shutil.rmtree(target)
         os.rename(fresh, target)
@@ -478,7 +485,7 @@ def install_group(group: str, wheels: list[Path], target: Path, bundle: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_bundle", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     b = commands.add_parser("build", help="download and cut the bundle into calls (here, with the package index)")
     b.add_argument("--out", default=str(ROOT / ".gpu_bundle"), help="where the wheels and calls go (git ignores it)")

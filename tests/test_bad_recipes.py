@@ -29,6 +29,53 @@ BOMB_MAPPING = "".join(f"    a{n}: {line[4:]}\n" for n, line in enumerate(ALIAS_
 
 # (case id, command-line overrides on recipes/tiny.yaml, text the one error line must contain)
 OVERRIDES = [
+    # the run watch's keys, each checked with the config's other fields (issue 69)
+    ("floor-a-word", ["--watch_floors", "{entropy: low}"], "watch_floors.entropy is 'low', write a float"),
+    ("floor-share-5", ["--watch_floors", "{signal: 5}"], "watch_floors.signal is a share of groups, above 0 and at"),
+    ("floor-nan", ["--watch_floors", "{completion_length: .nan}"], "watch_floors must be a finite number, got nan"),
+    (
+        "plateau-no-held-out",
+        [
+            "--dataset_name",
+            "{tmp}/data.jsonl",
+            "--prompt_column",
+            "q",
+            "--solution_column",
+            "a",
+            "--task_eval_steps",
+            "0",
+            "--stop_on",
+            "[plateau]",
+        ],
+        "stop_on: [plateau] reads held-out evaluations during training, and",
+    ),
+    # data sizes against the batch and the machine, and keys for another dataset
+    (
+        "one-word-problem",
+        ["--dataset_name", "word_problems", "--arithmetic_train_size", "1"],
+        "the training data has at most 1 rows (arithmetic_train_size)",
+    ),
+    (
+        "a-hundred-million",
+        ["--arithmetic_train_size", "100000000"],
+        "arithmetic_train_size 100000000 would take about",
+    ),
+    (
+        "word-key-on-arithmetic",
+        ["--word_problems_max_steps", "2"],
+        "word_problems_max_steps is read only with dataset_name: word_problems",
+    ),
+    # keys of other TRL configs and of our own sections, before spelling
+    (
+        "async-grpo-key",
+        ["--max_inflight_tasks", "4"],
+        "a field of TRL's AsyncGRPOConfig (trl.experimental.async_grpo.async_grpo_config), not of the GRPOConfig",
+    ),
+    (
+        "section-key-on-top",
+        ["--max_staleness", "2"],
+        "a key of the generation section; write --generation.max_staleness",
+    ),
     ("lr-nan", ["--learning_rate", ".nan"], "learning_rate"),
     (
         "warm-start-zero3",
@@ -156,6 +203,7 @@ FILES = [
 @pytest.fixture
 def data_txt(tmp_path):
     (tmp_path / "data.txt").write_text("1 + 1 = ?\t2\n")
+    (tmp_path / "data.jsonl").write_text('{"q": "1 + 1 = ?", "a": "#### 2"}\n' * 40)
     return tmp_path
 
 

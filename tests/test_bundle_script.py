@@ -146,7 +146,7 @@ def refused(capsys, call: Path, store: Path, site: Path) -> str:
         bundle.main(["install", str(call), "--store", str(store), "--site", str(site)])
     out, err = capsys.readouterr()
     assert stop.value.code == 2 and out == "", (stop.value.code, out, err)
-    assert len(err.strip().splitlines()) == 1 and err.startswith("gpu_bundle: ") and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpu_bundle: error: ") and "Traceback" not in err, err
     return err.strip()
 
 

@@ -318,6 +318,7 @@ def test_merged_push_uploads_base_plus_lora(run_dir, tmp_path, fake_hub):
         ("missing output dir", "does not exist"),
         ("empty output dir", "is not a run of hf_grpo"),
         ("bad timeout", "HF_GRPO_HUB_TIMEOUT='soon' is not a number of seconds above 0"),
+        ("huge timeout", "HF_GRPO_HUB_TIMEOUT='1e10' is not a number of seconds above 0 and at most 86400"),
         ("no token", "export HF_TOKEN"),
         ("offline", "HF_HUB_OFFLINE"),
         ("bad repo id", "invalid repo id"),
@@ -330,8 +331,8 @@ def test_cli_user_errors_exit_2(run_dir, tmp_path, fake_hub, monkeypatch, capsys
         target = str(tmp_path / "nope")
     elif case == "empty output dir":
         target = str(tmp_path)
-    elif case == "bad timeout":
-        monkeypatch.setenv("HF_GRPO_HUB_TIMEOUT", "soon")
+    elif case in ("bad timeout", "huge timeout"):  # 1e10 s ended in an OverflowError traceback
+        monkeypatch.setenv("HF_GRPO_HUB_TIMEOUT", "soon" if case == "bad timeout" else "1e10")
     elif case == "no token":
         monkeypatch.delenv("HF_TOKEN")
     elif case == "offline":

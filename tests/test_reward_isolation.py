@@ -139,8 +139,11 @@ def test_hanging_user_reward_is_killed_and_replaced(pool, caplog):
 # (c) a user reward that raises
 
 
-def test_raising_user_reward_is_reported_by_name_and_counted(pool, caplog):
+def test_a_reward_that_fails_now_and_then_says_so_once_and_logs_every_traceback(pool, caplog, tmp_path):
+    """A reward raising on some batches printed a traceback per distinct failure (19 in a short run): now one line,
+    every traceback in the run's log file, and one summary line at the end."""
     reward = isolate(reward_plugins.boom, pool, timeout=TIMEOUT)
+    reward.error_log = tmp_path / "logs" / "reward_errors.log"
     metrics = Metrics()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         rewards = reward(completions=["ok", "boom", "fine", "boom again"], log_metric=metrics)
@@ -148,15 +151,19 @@ def test_raising_user_reward_is_reported_by_name_and_counted(pool, caplog):
     assert pool.counters["boom"] == {"timeouts": 0, "errors": 2}
     assert metrics.values["rewards/boom/errors"] == [2.0]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1, warnings  # once per distinct error
-    assert "'boom'" in warnings[0] and "ValueError: kaboom" in warnings[0]
-    assert "reward_plugins.py" in warnings[0]  # with the worker's traceback
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings  # one line, no traceback
+    assert "'boom'" in warnings[0] and "ValueError: kaboom" in warnings[0] and str(reward.error_log) in warnings[0]
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert reward(completions=["boom"]) == [None]
-    assert not caplog.records  # the same error is only counted
+    assert not caplog.records  # only counted, and logged to the file
     assert pool.counters["boom"]["errors"] == 3
+    assert reward.error_log.read_text().count("reward_plugins.py") == 3  # every worker traceback
+    assert (
+        reward.summary() == f"reward 'boom' failed on 3 completion(s) (first: ValueError: kaboom: this reward "
+        f"cannot score that); every traceback: {reward.error_log}"
+    )
 
 
 def test_worker_that_dies_costs_one_item(pool):

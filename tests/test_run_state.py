@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from hf_grpo.evaluation.tasks import TaskEvaluator
+from hf_grpo.hub import run_problem
 from hf_grpo.run_files import (
     EVAL_FILE,
     EVAL_RECORDS,
@@ -107,6 +108,7 @@ def test_a_run_the_watch_stopped_is_finished_not_trained_past_its_stop(tmp_path,
         assert main([*STOPPED, "--output_dir", str(out)]) == 130
     state = run_state(out)
     assert state["phase"] == "trained" and state["stopped"]["step"] == 2
+    assert "trained but has not finished" in run_problem(out)  # `hf-grpo push` refuses it, naming the finish
     with caplog.at_level(logging.INFO, logger="hf_grpo"):
         assert resume(out, STOPPED) == 0
     assert "finished training (the run watch stopped it at step 2 (degraded: collapse))" in caplog.text

@@ -352,3 +352,47 @@ def test_eval_output_never_replaces_a_runs_own_records(tmp_path, capsys):
     line = one_error(capsys.readouterr().err, "hf_grpo.evaluate: error: ")
     assert f"--output {records} is a record file of the run in {out}" in line, line
     assert records.read_text() == json.dumps(RECORD) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Damaged run files, and a run inside another run (issue 69)
+
+
+@pytest.mark.parametrize("damage", ["a folder", "empty", "cut short", "a list"])
+def test_a_damaged_run_manifest_is_one_line_naming_it(tmp_path, capsys, damage):
+    """A manifest that was a folder ended in IsADirectoryError; an empty one was reported as no manifest at all."""
+    out = fake_run(tmp_path / "run")
+    manifest = out / RUN_MANIFEST
+    manifest.unlink()
+    if damage == "a folder":
+        manifest.mkdir()
+    else:
+        manifest.write_text({"empty": "", "cut short": '{"written_by": "hf_gr', "a list": "[]"}[damage])
+    assert train_main([TINY, "--dry-run", "--output_dir", str(out)]) == 2
+    line = one_error(capsys.readouterr().err, "hf_grpo: error: ")
+    assert str(manifest) in line and "the run's next command writes it anew" in line, line
+    assert report.main([str(out)]) == 2
+    line = one_error(capsys.readouterr().err, "python -m hf_grpo.evaluation.report: error: ")
+    assert str(manifest) in line, line
+
+
+def test_a_damaged_checkpoint_manifest_is_one_line_naming_it(tmp_path, capsys):
+    """A checkpoint manifest of `{}` ended in KeyError: 'files'."""
+    out = fake_run(tmp_path / "run")
+    (out / "checkpoint-2").mkdir()
+    (out / "checkpoint-2" / CHECKPOINT_MANIFEST).write_text("{}")
+    argv = [TINY, "--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-2"), "--max_steps", "3"]
+    assert train_main(argv) == 2
+    line = one_error(capsys.readouterr().err, "hf_grpo: error: ")
+    assert f"{out / 'checkpoint-2' / CHECKPOINT_MANIFEST} is not the checkpoint manifest hf_grpo writes" in line
+
+
+@pytest.mark.parametrize("where", ["checkpoint-2", "checkpoint-2/deeper", "logs"])
+def test_a_new_run_inside_another_runs_folder_is_refused(tmp_path, capsys, where):
+    """An output_dir inside another run's checkpoint folder was accepted and trained into."""
+    out = fake_run(tmp_path / "run")
+    (out / "checkpoint-2").mkdir()
+    inner = out / where
+    assert train_main([TINY, "--dry-run", "--output_dir", str(inner)]) == 2
+    line = one_error(capsys.readouterr().err, "hf_grpo: error: ")
+    assert f"is inside the run in {out} (its {where.split('/')[0]}" in line and "choose a new or empty folder" in line

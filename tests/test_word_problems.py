@@ -76,3 +76,47 @@ def test_held_out_kinds_are_right_and_written_apart():
 
 def test_doctests():
     assert doctest.testmod(word_problems).failed == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_embedded_held_out_set_has_no_repeats(seed):
+    """A repeat is graded the same way twice: word_problems_held_out held 30-36 exact repeats in 300 and 13-14
+    distinct 'change' problems in 50; the arithmetic sets repeated questions too."""
+    from hf_grpo.data.arithmetic import make_reasoning_split, make_split, make_transfer_split
+    from hf_grpo.data.held_out import same_problem
+
+    sets = {
+        "word_problems_held_out": make_held_out(300, seed),
+        "arithmetic_transfer": make_transfer_split(300, seed),
+        "arithmetic_reasoning": make_reasoning_split(300, seed),
+        "arithmetic test": make_split("test", 500, seed),
+    }
+    for name, problems in sets.items():
+        assert len({p["question"] for p in problems}) == len(problems), name
+        kinds = [(p["kind"], same_problem(p)) for p in problems if "kind" in p]
+        assert len(set(kinds)) == len(kinds), name  # within a kind: no two with the same worked solution
+
+
+def test_each_held_out_kind_has_room_for_its_share_and_a_larger_set_names_the_key():
+    for kind, space in word_problems.HELD_OUT_SPACE.items():
+        assert space >= 88, kind  # 300 problems ask for 50 of each
+    most = 6 * min(word_problems.HELD_OUT_SPACE.values())
+    assert len(make_held_out(most, 0)) == most
+    with pytest.raises(ValueError, match=f"set arithmetic_eval_size to at most {most}"):
+        make_held_out(most + 6, 0)
+
+
+def test_a_held_out_file_with_repeated_prompts_is_evaluated_once_per_problem(tmp_path, caplog):
+    import json
+    import logging
+
+    from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
+
+    rows = [{"question": f"What is {a} + 1?", "answer": f"#### {a + 1}"} for a in (1, 2, 2, 3, 1)]
+    path = tmp_path / "held.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = DataArguments(dataset_name=str(path), eval_dataset_name=str(path), prompt_column="question",
+                         solution_column="answer", task="gsm8k")  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        _, held_out = load_grpo_datasets(args)
+    assert len(held_out) == 3 and "dropped 2 of 5 rows whose prompt repeats an earlier row's" in caplog.text

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..run_files import HISTORY_FILE
+from ..run_files import HISTORY_FILE, read_checked
 
 
 def write_json(path: str | Path, data) -> None:
@@ -39,11 +39,8 @@ def _clean(value):
 
 
 def read_history(output_dir: str | Path) -> list[dict]:
-    path = Path(output_dir) / HISTORY_FILE
-    if not path.is_file():
-        return []
-    with open(path) as f:
-        return json.load(f)
+    """The run's history records (none when it has no file yet); ``RunFileError`` naming a damaged one."""
+    return read_checked(Path(output_dir) / HISTORY_FILE, list, missing_ok=True) or []
 
 
 class HistoryCallback(TrainerCallback):

@@ -79,11 +79,13 @@ def _band(history: list[dict], low_key: str, high_key: str, label: str) -> Serie
 
 
 def _heldout(history: list[dict], eval_results: dict | None) -> Series | None:
-    """Greedy held-out accuracy: before (step 0), every periodic ``eval/accuracy``, after (the last step)."""
+    """Greedy held-out accuracy: before and after a warm start (both at step 0), every periodic ``eval/accuracy``,
+    after (the last step)."""
     points = _rows(history, "eval/accuracy")
-    before, after = ((eval_results or {}).get(phase) for phase in ("before", "after"))
-    if isinstance(before, dict) and before.get("accuracy") is not None:
-        points.insert(0, (0, before["accuracy"]))
+    before, warm, after = ((eval_results or {}).get(phase) for phase in ("before", "warm_start", "after"))
+    for start in (warm, before):
+        if isinstance(start, dict) and start.get("accuracy") is not None:
+            points.insert(0, (0, start["accuracy"]))
     if isinstance(after, dict) and after.get("accuracy") is not None:
         last = max((r["step"] for r in history if "step" in r), default=0)
         if points and points[-1][0] == last and abs(points[-1][1] - after["accuracy"]) <= 1e-12:
@@ -200,7 +202,7 @@ GAIN_FONT = 8  # points: the gain's text above the accuracy panel
 GAIN_GAP = 4  # points between the axes, the gain's text and the title
 
 
-def _draw_gain(ax, gain: dict, before: float, step: int) -> None:
+def _draw_gain(ax, gain: dict, before: float, step: int, grpo: dict | None = None) -> None:
     """On the accuracy panel: the before level (dotted), and at the last step the interval of before + difference.
 
     The bar spans before + ci95, so it crosses the dotted line exactly when the interval includes zero. The numbers
@@ -224,6 +226,9 @@ def _draw_gain(ax, gain: dict, before: float, step: int) -> None:
         f"95% CI {points(low)} to {points(high)} (paired, n={gain['n']})",
         f"{gain['right_to_wrong']} right→wrong, {gain['wrong_to_right']} wrong→right",
     ]
+    if grpo is not None:  # a warm start came first: what GRPO itself added
+        lines.append(f"GRPO's own, after - warm start: {points(grpo['gain'])} pts, 95% CI {points(grpo['ci95'][0])} "
+                     f"to {points(grpo['ci95'][1])}")  # fmt: skip
     ax.annotate(
         "\n".join(lines),
         xy=(0, 1),
@@ -320,7 +325,8 @@ def training_figure(history: list[dict], eval_results: dict | None = None, gain:
             usable = usable_gain(gain if gain is not None else eval_results.get("gain"), eval_results)
             before = (eval_results.get("before") or {}).get("accuracy")
             if usable is not None and before is not None:
-                _draw_gain(ax, usable, before, panel.series[-1].steps[-1])
+                grpo = (eval_results.get("gains") or {}).get("grpo")
+                _draw_gain(ax, usable, before, panel.series[-1].steps[-1], grpo)
                 ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     return fig

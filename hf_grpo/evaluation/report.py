@@ -85,7 +85,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.evaluatio
     if not Path(args.output_dir).is_dir():
         print(f"{parser.prog}: error: {args.output_dir!r} is not a directory", file=sys.stderr)  # noqa: T201
         return 2
-    problem = report_problem(Path(args.output_dir))
+    try:
+        problem = report_problem(Path(args.output_dir))
+    except RunFileError as exc:  # a damaged manifest
+        problem = str(exc)
     if problem is not None:
         print(f"{parser.prog}: error: {problem}", file=sys.stderr)  # noqa: T201
         return 2

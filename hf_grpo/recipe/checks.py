@@ -15,14 +15,14 @@ from typing import Any
 from .. import local_models
 from ..config import ModelArguments
 from ..data.files import LOCAL_BUILDERS, cut_last_line
-from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file
+from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
 from ..evaluation.checks import check_weights
 from ..generation.cycle import overlap_cycle
 from ..generation.layout import GenerationArguments, check_generation
 from ..process_layout import Layout
 from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
 from ..rewards.grading import TASKS
-from ..run_files import output_dir_problem
+from ..run_files import RunFileError, output_dir_problem
 from .plan import check_rows
 from .schema import BatchPlan, RecipeError, default_of
 from .values import clipped, shown
@@ -87,7 +87,10 @@ def _check_output_dir(output_dir: Any) -> None:
     if not isinstance(output_dir, str):
         return
     path = Path(output_dir).expanduser()
-    problem = output_dir_problem(path)
+    try:
+        problem = output_dir_problem(path)
+    except RunFileError as exc:  # a damaged manifest there, or in a folder above
+        raise RecipeError(f"output_dir {shown(output_dir)}: {exc}") from None
     if problem is not None:
         raise RecipeError(
             f"output_dir {shown(output_dir)} {problem}: a run writes its adapter, README.md and summary.md there; "
@@ -266,6 +269,35 @@ def check_lora_keys(values: dict, in_file: set[str], on_command_line: set[str]) 
         )
 
 
+def check_trl_refusals(values: dict, model: ModelArguments, uses_vllm: bool) -> None:
+    """The combinations ``trl.GRPOTrainer.__init__`` refuses that the recipe alone decides, refused here before the
+    model loads, each naming its keys and fix (``tests/test_trl_refusals.py`` pins every refusal of TRL's against
+    this list or a reason it cannot come from a recipe)."""
+    sync, beta = values.get("sync_ref_model", False), values.get("beta", default_of("beta"))
+    targets = model.lora_target_modules
+    targets = [targets] if isinstance(targets, str) else list(targets or [])
+    liger = values.get("liger_kernel_config") or {}
+    vespo_mode = values.get("vllm_importance_sampling_mode", "sequence_mask") in ("token_truncate", "token_mask")
+    refusals = {
+        "sync_ref_model: true with beta 0: there is no reference model to sync; set sync_ref_model: false, or a "
+        "beta above 0": sync and beta == 0,
+        "sync_ref_model: true with use_peft: true: with LoRA the reference is the adapter switched off, which TRL "
+        "cannot sync (NotImplementedError); set sync_ref_model: false": sync and model.use_peft,
+        "lora_target_modules with lm_head, whose adapter TRL never trains (it reads lm_head.weight directly); "
+        "remove lm_head from lora_target_modules": model.use_peft and "lm_head" in targets,
+        "liger_kernel_config fused_linear_cross_entropy: true, which replaces the forward TRL patches with its "
+        "fused LM head; remove it": isinstance(liger, dict) and bool(liger.get("fused_linear_cross_entropy")),
+        "loss_type: vespo with vLLM unless vllm_importance_sampling_mode is token_truncate or token_mask; set "
+        "one of them": values.get("loss_type") == "vespo"
+        and uses_vllm
+        and not vespo_mode
+        and values.get("vllm_importance_sampling_correction", True),
+    }
+    for why, refused in refusals.items():
+        if refused:
+            raise RecipeError(f"TRL's GRPOTrainer refuses {why}")
+
+
 def check_intervals(values: dict) -> None:
     """A ``*_strategy: steps`` needs a positive interval (``0`` makes transformers divide by zero mid-run)."""
     for key, strategy_key in INTERVALS.items():
@@ -289,11 +321,65 @@ def check_steps(values: dict, plan: BatchPlan, data: DataArguments) -> None:
         )
     # at most how many training rows there are, and which key says so, when the recipe alone tells
     bounds = [(data.max_train_samples, "max_train_samples")] if data.max_train_samples is not None else []
-    if data.resolved()["name"] == "arithmetic":
+    if data.resolved()["name"] in GENERATED:
         bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
     rows, key = min(bounds, default=(None, None))
     if rows is not None:  # the rows as loaded are checked again when the data loads (hf_grpo.pipeline)
         check_rows(plan, rows, f"the training data has at most {rows} rows ({key})")
+
+
+GENERATED = ("arithmetic", "word_problems")  # embedded training sets drawn in code, arithmetic_train_size rows
+BYTES_PER_PROBLEM = 1500  # peak memory per generated problem while it loads (measured: 1.4 kB, 300k word problems)
+ONLY_FOR = {  # data keys read by one embedded dataset only: set for another, they would be silently ignored
+    "word_problems_max_steps": ("word_problems",),
+    "word_problems_named_lines": ("word_problems",),
+    "arithmetic_two_step_share": ("arithmetic",),
+}
+
+
+def check_data_sizes(values: dict, data: DataArguments) -> None:
+    """Embedded data sizes against the machine (what generating them takes fits in half its free memory), and the
+    keys one embedded dataset reads set for another; before anything loads."""
+    sources = [data.dataset_name, data.eval_dataset_name]
+    for key, readers in ONLY_FOR.items():
+        if key in values and not any(name in readers for name in sources):
+            raise RecipeError(
+                f"{key} is read only with dataset_name: {readers[0]}, and this recipe trains on "
+                f"{data.dataset_name!r}: remove {key}, or set dataset_name: {readers[0]}"
+            )
+    free = available_memory()
+    for key in ("arithmetic_train_size", "arithmetic_eval_size"):
+        size = getattr(data, key)
+        if free is None or key not in values or size * BYTES_PER_PROBLEM <= free / 2:
+            continue
+        most = int(free / 2 / BYTES_PER_PROBLEM)
+        raise RecipeError(
+            f"{key} {size} would take about {size * BYTES_PER_PROBLEM / 1e9:.0f} GB to generate, and this machine "
+            f"has {free / 1e9:.0f} GB free: set {key} to at most {most} (a run reads only the prompts of its steps)"
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the machine has free for a new process (``MemAvailable``), None where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_held_out(values: dict, data: DataArguments) -> None:
+    """What stands on held-out evaluations during training (``keep_top_k``, ``stop_on: [plateau]``) needs a held-out
+    split: without one it would silently do nothing. (A periodic evaluation alone is a warning when the data loads.)"""
+    wants = ["keep_top_k"] if values.get("keep_top_k") else []
+    wants += ["stop_on: [plateau]"] if "plateau" in (values.get("stop_on") or []) else []
+    if not wants or "eval" in source_splits(data) or data.eval_split_size > 0:
+        return
+    raise RecipeError(
+        f"{wants[0]} reads held-out evaluations during training, and {data.dataset_name!r} gives no held-out split: "
+        "set eval_dataset_name (a preset or a file) or eval_split_size (a share of the training rows, such as 0.05)"
+    )
 
 
 def check_generation_section(generation: GenerationArguments, model: ModelArguments, values: dict) -> None:

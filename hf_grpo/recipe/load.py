@@ -72,6 +72,7 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
         _check_built(values, env, miniature.env, plan, model, data_args, rewards, built_later)
         generation = GenerationArguments(**nested["generation"])
         checks.check_generation_section(generation, model, values)
+        checks.check_trl_refusals(values, model, uses_vllm=generation.backend in ("vllm_colocate", "vllm_server"))
         if generation.overlap and "vllm_importance_sampling_mode" not in values:  # why: hf_grpo/generation/overlap.py
             values["vllm_importance_sampling_mode"] = "token_truncate"
             sources["vllm_importance_sampling_mode"] = "generation.overlap's default (per-token truncated weights)"
@@ -227,6 +228,8 @@ def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature, for_r
 def _check_built(values, env, miniature_env, plan, model, data_args, rewards, built_later) -> None:
     """The checks that need the built sections: data, offline datasets, steps, LoRA targets, rewards, push."""
     checks.check_data(data_args)
+    checks.check_data_sizes(values, data_args)
+    checks.check_held_out(values, data_args)
     checks_env.check_offline(data_args, {**miniature_env, **env})
     checks.check_steps(values, plan, data_args)
     checks_env.check_lora_targets(model, values, built_later)

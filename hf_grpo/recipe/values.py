@@ -3,17 +3,21 @@ value type-checked and coerced against its field's type hint, choices and numeri
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import enum
+import functools
 import math
 import re
 import reprlib
 import types
 import typing
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
-from .schema import RecipeError, nested_index
+from .schema import NESTED, RecipeError, nested_index
 
 
 # String fields of TRL whose accepted values TRL only checks once the trainer is built.
@@ -113,7 +117,8 @@ def _is_number(value: Any) -> bool:
 
 def _check_domain(key: str, value: Any, default: Any) -> None:
     """Refuse a number outside the key's domain (NaN and infinities included), before anything is built."""
-    for number in value if isinstance(value, list) else [value]:
+    numbers = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
+    for number in numbers:
         if isinstance(number, float) and not math.isfinite(number):
             raise RecipeError(f"{key} must be a finite number, got {shown(number)}; write a number such as 1.0")
     domain = DOMAINS.get(key)
@@ -161,8 +166,13 @@ def coerce(value: Any, hint: Any) -> tuple[bool, Any]:
         checked = [coerce(item, item_hint) for item in items]
         ok = all(item_ok for item_ok, _ in checked)
         return (True, [c for _, c in checked]) if ok else (False, value)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict), value
+    if origin is dict or hint is dict:  # each key and value against the hint's (a floor given as a word is refused)
+        key_hint, value_hint = typing.get_args(hint) or (Any, Any)
+        if not isinstance(value, dict):
+            return False, value
+        checked = {coerce(k, key_hint)[1]: coerce(v, value_hint) for k, v in value.items()}
+        ok = all(coerce(k, key_hint)[0] for k in value) and all(item_ok for item_ok, _ in checked.values())
+        return (True, {k: c for k, (_, c) in checked.items()}) if ok else (False, value)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return value in {m.value for m in hint}, value
     return False, value
@@ -194,6 +204,11 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field) -> Any:
             hint_text = (
                 f" (YAML reads an unquoted yes/no/true/false as a boolean; write {key}: '{str(value).lower()}')"
             )
+        if isinstance(value, dict):  # which entry is wrong, and what it should be
+            args = [a for a in typing.get_args(hint) if typing.get_origin(a) is dict]
+            value_hint = typing.get_args(args[0])[1] if args and typing.get_args(args[0]) else Any
+            bad = [k for k, v in value.items() if not coerce(v, value_hint)[0]]
+            hint_text = f": {key}.{bad[0]} is {shown(value[bad[0]])}, write a {_type_name(value_hint)}" if bad else ""
         raise RecipeError(f"{key} must be {_type_name(hint)}, got {shown(value)} ({type(value).__name__}){hint_text}")
     enums = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, enum.Enum)]
     choices = f.metadata.get("choices") or KNOWN_CHOICES.get(key)
@@ -267,13 +282,60 @@ def check_known_keys(keys: list, index: dict, options: bool = False) -> None:
         return
     named = [f"--{k}" if options else repr(k) for k in unknown]
     if len(unknown) == 1:
-        raise RecipeError(f"unknown {'option' if options else 'key'} {named[0]}{did_you_mean(unknown[0], index)}")
-    items = " | ".join(f"{n}{did_you_mean(k, index)}" for n, k in zip(named, unknown, strict=True))
+        raise RecipeError(
+            f"unknown {'option' if options else 'key'} {named[0]}{did_you_mean(unknown[0], index, options)}"
+        )
+    items = " | ".join(f"{n}{did_you_mean(k, index, options)}" for n, k in zip(named, unknown, strict=True))
     raise RecipeError(f"{len(unknown)} unknown keys, each with its fix: {items}")
 
 
-def did_you_mean(key: str, known) -> str:
+# Fields of TRL's other trainers' configs whose idea lives in a section here (checked before spelling).
+ELSEWHERE_HERE = {
+    "max_staleness": "generation.max_staleness (with generation.overlap: true)",
+    "vllm_server_base_url": "generation.base_url",
+    "vllm_server_timeout": "generation.server_timeout",
+    "request_timeout": "generation.request_timeout",
+    "weight_sync_steps": "generation.weight_sync (the server gets the adapter, or the weights, every step)",
+    "max_inflight_tasks": "generation.overlap (the next cycle is generated while one trains)",
+    "queue_maxsize": "generation.overlap (the next cycle is generated while one trains)",
+}
+
+
+@functools.cache
+def trl_config_fields() -> dict[str, str]:
+    """Field name -> the TRL config class (and module) that has it, over every ``*Config`` dataclass of the installed
+    TRL, read from its source (nothing imported): what a recipe written for another TRL trainer may carry."""
+    import trl
+
+    root, fields = Path(trl.__file__).parent, {}
+    for path in sorted(root.rglob("*config*.py"), key=lambda p: ("grpo" not in p.name, str(p))):  # GRPO's first
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        module = ".".join(("trl", *path.relative_to(root).with_suffix("").parts))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and node.name != "GRPOConfig":
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        fields.setdefault(item.target.id, f"{node.name} ({module})")
+    return fields
+
+
+def trl_version() -> str:
+    return version("trl")
+
+
+def did_you_mean(key: str, known, options: bool = False) -> str:
     if key in RENAMED:
         return f": {RENAMED[key]}"
+    for section in NESTED:
+        if key in nested_index(section):
+            written = f"--{section}.{key} VALUE" if options else f"{section}: {{{key}: ...}}"
+            return f": a key of the {section} section; write {written}"
+    owner = trl_config_fields().get(key) if isinstance(key, str) else None
+    if owner is not None:
+        here = f"; here: {ELSEWHERE_HERE[key]}" if key in ELSEWHERE_HERE else ""
+        return f": a field of TRL's {owner}, not of the GRPOConfig (TRL {trl_version()}) hf_grpo trains with{here}"
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else "; see `python -m hf_grpo.train --help` for every key"

@@ -17,9 +17,11 @@ import math
 import numbers
 import pickle
 import sys
+import time
 import types
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..workers import Result, WorkerPool
@@ -46,8 +48,6 @@ PRELOAD = (
     "latex2sympy2_extended",
     "math_verify",
 )
-
-_MAX_REPORTED_ERRORS = 20  # distinct errors logged per reward; more are only counted
 
 
 class RewardIsolationError(ValueError):
@@ -164,9 +164,10 @@ class IsolatedReward:
     value per completion (None for a completion that failed). ``environments`` stays in the training process.
 
     A timeout or an exception gives ``None``. Per call, ``rewards/<name>/timeouts`` and ``rewards/<name>/errors`` go
-    to TRL's ``log_metric``; cumulative counts are in ``pool.counters[name]``. Each distinct error is logged once as a
-    warning naming the reward, the first timeout too. When every completion of ``max_failed_calls`` consecutive calls
+    to TRL's ``log_metric``; cumulative counts are in ``pool.counters[name]``. The first error is logged as a warning
+    naming the reward, the first timeout too. When every completion of ``max_failed_calls`` consecutive calls
     fails, the reward is broken (a wrong signature, a missing column), and the call raises ``RewardFailedError``.
+    A reward that fails now and then warns once; every traceback goes to ``error_log`` and ``summary`` counts them.
 
     Build it with ``isolate``, which checks at set-up time that a worker can load the function.
     """
@@ -189,9 +190,10 @@ class IsolatedReward:
         self.max_failed_calls = max_failed_calls
         self.__name__ = self.__qualname__ = name
         self.__doc__ = getattr(_unwrap(fn), "__doc__", None)
-        self._reported: set[str] = set()
         self._warned_timeout = False
         self._failed_calls = 0
+        self.errors, self.first_error = 0, None  # the completions it failed on, and its first error
+        self.error_log: Path | None = None  # where every failure's traceback goes (the trainer sets its run's)
         self.last_nan = 0  # NaN rewards the function returned in the last call
         pool.counters.setdefault(name, {"timeouts": 0, "errors": 0})
 
@@ -267,26 +269,30 @@ class IsolatedReward:
             )
 
     def _report(self, result: Result, completion) -> None:
-        """Log an error once per distinct message (at most ``_MAX_REPORTED_ERRORS`` of them per reward)."""
-        key = result.error or ""
-        if key in self._reported or len(self._reported) >= _MAX_REPORTED_ERRORS:
+        """The first failure: one warning line (no traceback); every failure: its traceback in ``error_log`` when the
+        trainer set one (``OUTPUT_DIR/logs/reward_errors.log``), so a reward that fails now and then while training
+        goes on fills the log file, not the console. ``summary`` says at the end how many failed."""
+        self.errors += 1
+        self.first_error = self.first_error or result.error
+        if self.error_log is not None:
+            self.error_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.error_log, "a", encoding="utf-8") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} reward {self.__name__!r} on completion "
+                        f"{_snippet(completion)}: {result.error}\n{(result.traceback or '').rstrip()}\n\n")  # fmt: skip
+        if self.errors > 1:
             return
-        self._reported.add(key)
-        more = (
-            f"; this is the last of {_MAX_REPORTED_ERRORS} distinct errors logged for this reward, more are only "
-            "counted"
-            if len(self._reported) == _MAX_REPORTED_ERRORS
-            else ""
-        )
+        where = f"every traceback goes to {self.error_log}" if self.error_log else "more are only counted"
         logger.warning(
-            "reward %r failed on completion %s: %s; it gets no reward (counted in rewards/%s/errors)%s%s",
-            self.__name__,
-            _snippet(completion),
-            result.error,
-            self.__name__,
-            more,
-            f"\n{result.traceback.rstrip()}" if result.traceback else "",
-        )
+            "reward %r failed on completion %s: %s; it gets no reward, and training goes on (failures are counted "
+            "in rewards/%s/errors; %s)", self.__name__, _snippet(completion), result.error, self.__name__, where,
+        )  # fmt: skip
+
+    def summary(self) -> str | None:
+        """One line on the failures of the run so far, or None without any."""
+        if not self.errors:
+            return None
+        where = f"; every traceback: {self.error_log}" if self.error_log else ""
+        return f"reward {self.__name__!r} failed on {self.errors} completion(s) (first: {self.first_error}){where}"
 
 
 class IsolatedCorrectness(IsolatedReward):

@@ -43,7 +43,17 @@ def _rendezvous_timeout(master_address: str, timeout: float | None) -> float:
             f"master_address {master_address!r} is not a loopback address: hf_grpo's CPU stand-in for vLLM's NCCL "
             f"weight transfer only listens and connects on {LOOPBACK_HOSTS}"
         )
-    return float(os.environ.get("HF_GRPO_WEIGHT_TRANSFER_TIMEOUT", "300")) if timeout is None else timeout
+    if timeout is not None:
+        return timeout
+    raw = os.environ.get("HF_GRPO_WEIGHT_TRANSFER_TIMEOUT", "300")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= 86400):
+        raise ValueError(f"HF_GRPO_WEIGHT_TRANSFER_TIMEOUT={raw!r} is not a number of seconds above 0 and at most "
+                         "86400: set it to e.g. 300, or unset it")  # fmt: skip
+    return seconds
 
 
 def _recv_exact(sock: socket.socket, buffer: bytearray | memoryview, what: str) -> bytearray | memoryview:
