@@ -127,7 +127,7 @@ def simulate(shape: Shape, rate: float, rng, model, effect: str | None = None, s
         if step % shape.logging_steps == 0:
             reward = 0.2 + 0.6 * step / shape.max_steps + rng.normal(0, 0.05)
             watch.on_log(None, SimpleNamespace(global_step=step), control, logs={"reward": reward})
-        if shape.every and step % shape.every == 0:
+        if shape.every and step % shape.every == 0 and step < shape.max_steps:  # the last: the look after training
             p_now = chances(rng, shape, effect, step / shape.max_steps, base, kinds)
             grades, p_then = regrade(rng, grades, p_then, p_now, rate), p_now
             kept_grades[step] = grades.copy()
@@ -150,17 +150,20 @@ def simulate(shape: Shape, rate: float, rng, model, effect: str | None = None, s
     return {"found": found, "kept": kept is not None, "gain": report["gain"]["gain"]}
 
 
-def null_row(name: str, shape: Shape, rate: float, runs: int, seed: int, model, stop_on=()) -> str:
+def null_row(name: str, shape: Shape, rate: float, runs: int, seed: int, model, stop_on=()) -> tuple[str, list]:
     rng = np.random.default_rng(seed)
     results = [simulate(shape, rate, rng, model, stop_on=stop_on) for _ in range(runs)]
     share = lambda kind: sum(kind in r["found"] for r in results) / runs  # noqa: E731
     anyone = sum(any(k in r["found"] for k in ("hacking", "forgetting", "plateau")) for r in results) / runs
     kept = [r for r in results if r["kept"]]
-    kept_gain = f"{np.mean([r['gain'] for r in kept]) * 100:+.2f}" if kept else "  n/a"
+    gains = np.array([r["gain"] for r in kept]) * 100
+    se = gains.std(ddof=1) / np.sqrt(len(gains)) if len(gains) > 1 else float("nan")
+    kept_gain = f"{gains.mean():+.2f} ± {se:.2f} ({len(gains)} runs)" if kept else "n/a"
     last_gain = np.mean([r["gain"] for r in results if not r["kept"]]) * 100
     plateau = f"{share('plateau'):6.1%}" if "plateau" in stop_on else "     -"
-    return (f"| {name} | {rate:.1f} | {share('hacking'):6.1%} | {share('forgetting'):6.1%} | {plateau} | "
-            f"{anyone:6.1%} | {share('collapse'):6.1%} | {len(kept) / runs:6.1%} | {kept_gain} | {last_gain:+.2f} |")  # fmt: skip
+    return ((f"| {name} | {rate:.1f} | {share('hacking'):6.1%} | {share('forgetting'):6.1%} | {plateau} | "
+            f"{anyone:6.1%} | {share('collapse'):6.1%} | {len(kept) / runs:6.1%} | {kept_gain} | {last_gain:+.2f} |"),
+            list(gains))  # fmt: skip
 
 
 def effect_row(name: str, shape: Shape, rate: float, effect: str, runs: int, seed: int, model) -> str:
@@ -193,13 +196,19 @@ def main(argv=None) -> None:
         "kept's mean gain | last's mean gain |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
+    pooled = []
     for name in args.shapes:
         shape = SHAPES[name]
-        for rate in args.rates:
-            print(null_row(name, shape, rate, args.runs, args.seed, model), flush=True)
-        if shape.every:
-            print(null_row(f"{name}, stop_on plateau", shape, args.rates[-1], args.runs, args.seed, model,
-                           stop_on=("plateau",)), flush=True)  # fmt: skip
+        rows = [(name, rate, ()) for rate in args.rates]
+        rows += [(f"{name}, stop_on plateau", args.rates[-1], ("plateau",))] if shape.every else []
+        for label, rate, stop_on in rows:
+            line, gains = null_row(label, shape, rate, args.runs, args.seed, model, stop_on=stop_on)
+            pooled += gains
+            print(line, flush=True)
+    if len(pooled) > 1:
+        mean, se = np.mean(pooled), np.std(pooled, ddof=1) / np.sqrt(len(pooled))
+        print(f"\nEvery null row: {len(pooled)} runs kept an earlier adapter; the gain reported for it, on the problems "
+              f"that did not choose it: {mean:+.2f} ± {se:.2f} points (mean ± standard error)")  # fmt: skip
     print("\nReal effects: hacking = the whole set falls 10 points by the end while the reward rises; forgetting = one "
           "kind falls 30 points while the others rise (the whole holds)\n")  # fmt: skip
     print("| shape | rate | effect | found | mean step found | other finding |")

@@ -159,7 +159,7 @@ class RunWatch(TrainerCallback):
         self.stop_on, self.patience = set(args.stop_on or []), args.watch_patience
         self.drop, self.floors = args.watch_reward_drop, dict(args.watch_floors or {})
         self.plateau_evals, self.max_steps = args.watch_plateau_evals, args.max_steps
-        self.task_eval_steps = args.task_eval_steps
+        self.task_eval_steps, self.final_look = args.task_eval_steps, getattr(args, "eval_before_after", True)
         self.mark, self.is_main, self.judge_apart = mark, is_main, judge_apart
         self.rewards: list[tuple[int, float]] = []  # (step, training reward) as logged
         self.streaks: dict[str, int] = {}
@@ -175,7 +175,10 @@ class RunWatch(TrainerCallback):
             self.max_steps = state.max_steps
 
     def budget(self, kinds_of: Evaluation | None = None) -> Budget:
-        looks = self.max_steps // self.task_eval_steps if self.task_eval_steps > 0 and self.max_steps > 0 else 0
+        """The run's plan: a periodic evaluation every ``task_eval_steps``, but at the last step when the look after
+        training takes its place."""
+        last = self.max_steps - 1 if self.final_look else self.max_steps
+        looks = last // self.task_eval_steps if self.task_eval_steps > 0 and self.max_steps > 0 else 0
         reference = self.evaluations[0] if self.evaluations else kinds_of
         kinds = len(set(reference.kinds.values())) if reference is not None else 0
         return Budget(looks, kinds, "plateau" in self.stop_on)

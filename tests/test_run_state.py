@@ -157,18 +157,18 @@ def test_a_resumed_run_watches_from_the_same_step_0(tmp_path, monkeypatch, caplo
     started from, not with its first evaluation after the resume."""
     from hf_grpo.trainer import GRPOTrainer
 
-    argv = [*QUICK, "--warm_start_steps", "20", "--max_steps", "3", "--task_eval_steps", "1",
+    argv = [*QUICK, "--warm_start_steps", "20", "--max_steps", "4", "--task_eval_steps", "1",
             "--task_eval_max_samples", "24", "--save_strategy", "steps", "--save_steps", "1"]  # fmt: skip
     out = tmp_path / "run"
     real_step = GRPOTrainer.training_step
 
-    def killed_at_step_3(self, *args, **kwargs):
+    def killed_in_step_3(self, *args, **kwargs):
         if self.state.global_step == 2:
             raise KeyboardInterrupt
         return real_step(self, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(GRPOTrainer, "training_step", killed_at_step_3)
+        patch.setattr(GRPOTrainer, "training_step", killed_in_step_3)
         assert main([*argv, "--output_dir", str(out)]) == 130
     saved = json.loads((out / "checkpoint-2" / WATCH_STATE).read_text())
     assert [e["step"] for e in saved["evaluations"]] == [0, 1, 2]
@@ -176,7 +176,7 @@ def test_a_resumed_run_watches_from_the_same_step_0(tmp_path, monkeypatch, caplo
         assert resume(out, argv) == 0
     assert "holds no run watch state" not in caplog.text
     final = json.loads((out / WATCH_STATE).read_text())
-    assert [e["step"] for e in final["evaluations"]] == [0, 1, 2, 3]
+    assert [e["step"] for e in final["evaluations"]] == [0, 1, 2, 3]  # step 4's: the evaluation after training
     assert final["evaluations"][0] == saved["evaluations"][0]
     step0 = {str(r["index"]): r["grade"] for r in map(json.loads, (out / EVAL_RECORDS.format(label="before")).open())}
     assert final["evaluations"][0]["grades"] == {k: v for k, v in step0.items() if int(k) < 24}

@@ -80,8 +80,9 @@ def test_hacking_is_a_rising_reward_with_a_fall_from_step_0_the_exact_test_sees(
     (finding,) = watch.findings
     assert finding.kind == "hacking" and (finding.since, finding.step) == (0, 8)
     assert "training reward rose 0.325 -> 0.750" in finding.text and "fell 0.500 -> 0.200" in finding.text
-    # 12 steps every 4: 3 looks; hacking's half of 5% for them (no kinds: one rule) is 0.0083 a look
-    assert "-30.0 points on the same 100 problems: 30 of the 30 that changed fell, exact p 9.3e-10 <= 0.0083" in (
+    # 12 steps every 4: looks at 4 and 8 (12's is the look after training); hacking's half of 5% (no kinds: one
+    # rule) over them is 0.0125 a look
+    assert "-30.0 points on the same 100 problems: 30 of the 30 that changed fell, exact p 9.3e-10 <= 0.013" in (
         finding.text
     )
     flat = RunWatch(args())  # the same fall with a reward that did not rise is no hacking (collapse may say it)
@@ -293,7 +294,7 @@ def test_the_watch_and_its_evaluations_leave_the_training_stream_as_it_was(tmp_p
 
     assert len(steps(watched)) == 3 and steps(watched) == steps(plain)
     results = json.loads((watched / "eval_results.json").read_text())
-    assert list(results["seconds"]) == ["before", "step1", "step2", "step3", "after"]
+    assert list(results["seconds"]) == ["before", "step1", "step2", "after"]  # step 3's is the one after training
     assert "watch" not in json.loads((plain / "eval_results.json").read_text())
     if "kept" not in results:  # else the watch kept an earlier adapter, which is its job
         a, b = (load_file(out / "adapter_model.safetensors") for out in (watched, plain))

@@ -202,13 +202,16 @@ class TaskEvaluator:
 
 
 class _PeriodicEval(TrainerCallback):
-    """Runs the task evaluation every ``task_eval_steps`` optimizer steps and logs ``eval/accuracy``."""
+    """Runs the task evaluation every ``task_eval_steps`` optimizer steps and logs ``eval/accuracy``; not at the last
+    step when the evaluation after training follows (it evaluates the same weights on every problem)."""
 
     def __init__(self, evaluator: TaskEvaluator, trainer, log, on_result=None):
         self.evaluator, self.trainer, self.log, self.on_result = evaluator, trainer, log, on_result
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % args.task_eval_steps:
+            return
+        if args.eval_before_after and state.global_step >= state.max_steps:  # the evaluation after training is it
             return
         summary = self.evaluator.run(
             self.trainer.model,
