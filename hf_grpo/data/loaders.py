@@ -8,9 +8,11 @@ file works with explicit columns. Other columns are kept for the rewards. Preset
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
@@ -85,6 +87,9 @@ class DataArguments(ScriptArguments):
             Column holding the gold answer. Defaults to the preset's.
         prompt_template (`str`, defaults to `"{question}"`):
             Format string turning the problem into the user message; `{question}` is replaced by the problem.
+        prompt_template_share (`float`, defaults to `1.0`):
+            Share of the training prompts written with `prompt_template`; the others are the problem as written, so
+            the policy also learns on prompts without the template's instruction. Held-out prompts always use it.
         prompt_style (`str`, defaults to `"chat"`):
             `chat` (a conversational prompt rendered by the tokenizer's chat template), `plain` (the formatted text as
             is) or `r1_zero` (seed 002's plain-text prompt that opens a `<think>` block).
@@ -136,6 +141,9 @@ class DataArguments(ScriptArguments):
     solution_column: str | None = field(default=None, metadata={"help": "Column holding the gold answer."})
     prompt_template: str = field(
         default="{question}", metadata={"help": "Format string for the user message; `{question}` is the problem."}
+    )
+    prompt_template_share: float = field(
+        default=1.0, metadata={"help": "Share of training prompts with prompt_template; the rest as written."}
     )
     prompt_style: str = field(
         default="chat", metadata={"help": "`chat`, `plain` or `r1_zero`.", "choices": PROMPT_STYLES}
@@ -425,9 +433,13 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
     if len(kept) == 0:
         raise ValueError(f"{where} data: no row has a gold answer gradable as task={task!r}")
 
+    as_written = dataclasses.replace(args, prompt_template="{question}")
+    share = args.prompt_template_share if where == "train" else 1.0
+
     def to_grpo(row) -> dict:
         prompt = row[prompt_col]  # a conversational prompt (TRL's format) is used as it is
-        prompt = prompt if is_conversation(prompt) else format_prompt(str(prompt), args)
+        templated = share >= 1 or zlib.crc32(str(prompt).encode()) % 1000 < share * 1000  # the same rows every run
+        prompt = prompt if is_conversation(prompt) else format_prompt(str(prompt), args if templated else as_written)
         return {"prompt": prompt, "solution": str(row[gold_col])}
 
     # The dataset's other columns stay: TRL passes every column to the reward functions (``answer=``, ``level=``...)

@@ -16,6 +16,7 @@ from .. import local_models
 from ..config import ModelArguments
 from ..data.files import LOCAL_BUILDERS, cut_last_line
 from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
+from ..data.word_problems import HELD_OUT_KINDS, HELD_OUT_SPACE
 from ..evaluation.checks import check_weights
 from ..generation.cycle import overlap_cycle
 from ..generation.layout import GenerationArguments, check_generation
@@ -346,6 +347,13 @@ def check_data_sizes(values: dict, data: DataArguments) -> None:
             raise RecipeError(
                 f"{key} is read only with dataset_name: {readers[0]}, and this recipe trains on "
                 f"{data.dataset_name!r}: remove {key}, or set dataset_name: {readers[0]}"
+            )
+    if "word_problems_held_out" in sources:  # each kind has room for so many distinct problems
+        most = len(HELD_OUT_KINDS) * min(HELD_OUT_SPACE.values())
+        if data.arithmetic_eval_size > most:
+            raise RecipeError(
+                f"arithmetic_eval_size {data.arithmetic_eval_size} asks word_problems_held_out for more distinct "
+                f"problems than it has: set arithmetic_eval_size to at most {most}"
             )
     free = available_memory()
     for key in ("arithmetic_train_size", "arithmetic_eval_size"):

@@ -62,6 +62,8 @@ DOMAINS = {
     "lora_dropout": (0, True, 1, False),
     "eval_split_size": (0, True, 1, False),
     "arithmetic_two_step_share": (0, True, 1, True),
+    "prompt_template_share": (0, True, 1, True),
+    "word_problems_max_steps": (1, True, 3, True),
     "top_p": (0, False, 1, True),
     "min_p": (0, True, 1, True),
     "vllm_gpu_memory_utilization": (0, False, 1, True),
