@@ -449,12 +449,8 @@ def _to_grpo(raw: Dataset, args: DataArguments, spec: dict, where: str) -> Datas
 def without_repeats(test: Dataset) -> Dataset:
     """The held-out rows with each prompt once (the first time it appears): a repeat is graded the same way twice and
     would count twice in every interval (data/held_out.py). How many were dropped is logged."""
-    seen, keep = set(), []
-    for i, prompt in enumerate(test["prompt"]):
-        key = json.dumps(prompt, sort_keys=True) if not isinstance(prompt, str) else prompt
-        if key not in seen:
-            seen.add(key)
-            keep.append(i)
+    first = {json.dumps(p, sort_keys=True): i for i, p in reversed(list(enumerate(test["prompt"])))}  # each's first
+    keep = sorted(first.values())
     if len(keep) == len(test):
         return test
     logger.warning("held-out data: dropped %d of %d rows whose prompt repeats an earlier row's (a repeat would count "
