@@ -13,7 +13,7 @@ layer. The LM head projects each scored position onto the vocabulary three times
 backward, the input gradient). Which tokens are seen and which positions scored depends on the path:
 
 - TRL's (on a CPU): every row's prompt + completion, every position scored;
-- shared prompts (hf_grpo/shared_prompts.py): each distinct prompt but its last token once, then every row's last
+- shared prompts (hf_grpo/training/shared_prompts.py): each distinct prompt but its last token once, then every row's last
   prompt token + completion, only those positions scored (TRL's head on them: the completion's and one more).
 
 Generation (one HF generate call): each decode step reads every weight once and each row's KV cache so far; the

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import yaml
 
+from hf_grpo.base.run_files import EVAL_RECORDS
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
-from hf_grpo.run_files import EVAL_RECORDS
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,9 +52,9 @@ GAIN_BAR = 0.20
 
 
 def build_policy(seed: int, recipe: dict, out: Path) -> Path:
-    """The recipe's warm-started tiny policy for ``seed``, saved to ``out`` (as hf_grpo.pipeline.load_policy)."""
-    from hf_grpo.tiny import build_model, build_tokenizer  # torch: after argument parsing
-    from hf_grpo.warm_start import warm_start
+    """The recipe's warm-started tiny policy for ``seed``, saved to ``out`` (as hf_grpo.run.pipeline.load_policy)."""
+    from hf_grpo.models.tiny import build_model, build_tokenizer  # torch: after argument parsing
+    from hf_grpo.training.warm_start import warm_start
 
     if (out / "config.json").is_file():
         return out

@@ -1,6 +1,6 @@
 """A ``pebble.ProcessPool`` stand-in for ``hf_grpo.rewards.wrapper.RewardPool.map``, for ``benchmarks/rewards.py``.
 
-Issue 10, item 6: could the 763 hand-written lines of the reward pool (then ``rewards/isolation.py``, now ``hf_grpo/workers.py``) be replaced by pebble, whose ``ProcessPool``
+Issue 10, item 6: could the 763 hand-written lines of the reward pool (then ``rewards/isolation.py``, now ``hf_grpo/base/workers.py``) be replaced by pebble, whose ``ProcessPool``
 kills a task that runs past its timeout and starts a new worker? ``PebblePool.map(fn, items, timeout)`` has the same
 contract as ``RewardPool.map``: ``fn(**item)`` per item in a worker, one ``Result`` per item in input order,
 ``"timeout"`` for an item that ran past ``timeout`` (its worker is killed and replaced by pebble), ``"error"`` for an
@@ -10,7 +10,7 @@ Workers start from the same preloaded "forkserver" context as ``RewardPool``'s (
 module). Two initializers:
 
 - ``stock_init``: what adopting pebble as it comes would use: ``warm_up`` (one MATH grade), nothing else;
-- ``hardened_init``: ``warm_up`` plus what ``hf_grpo/workers.py`` does in its own workers and pebble does not:
+- ``hardened_init``: ``warm_up`` plus what ``hf_grpo/base/workers.py`` does in its own workers and pebble does not:
   ``_die_with_parent`` (PR_SET_PDEATHSIG and closing the fork server's "alive" pipe, so that a worker stuck in C
   code dies when the training process is SIGKILLed) and the default SIGTERM action (pebble installs a Python
   SIGTERM handler in its workers, which cannot run while the worker is stuck in one C call, so pebble's kill of
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 
+from hf_grpo.base.workers import Result, _die_with_parent
 from hf_grpo.rewards.functions import grade_completion
 from hf_grpo.rewards.wrapper import PRELOAD, warm_up
-from hf_grpo.workers import Result, _die_with_parent
 
 
 PEBBLE_PRELOAD = [*PRELOAD, "pebble", "pebble.pool.process"]

@@ -43,10 +43,10 @@ from hf_grpo.config import HfGRPOConfig
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.evaluation.core import evaluate
 from hf_grpo.evaluation.stats import paired_gain
+from hf_grpo.models.tiny import build_model, build_tokenizer
 from hf_grpo.rewards.functions import gsm8k_correctness
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.trainer import GRPOTrainer
-from hf_grpo.warm_start import warm_start
+from hf_grpo.training.trainer import GRPOTrainer
+from hf_grpo.training.warm_start import warm_start
 
 
 def make_trainer(arm, lr, model, tokenizer, train, out: str, seed: int, generations: int = 2, target: float = 0.75):

@@ -1,4 +1,4 @@
-"""Cost of one extra dynamic-sampling round's prompt draw (hf_grpo.dynamic_sampling.PromptStream.next) on a large dataset.
+"""Cost of one extra dynamic-sampling round's prompt draw (hf_grpo.training.dynamic_sampling.PromptStream.next) on a large dataset.
 
     python benchmarks/prompt_stream.py
 
@@ -8,7 +8,7 @@ prints the mean wall-clock time per call, after a first call that builds the epo
 
 import time
 
-from hf_grpo.dynamic_sampling import PromptStream
+from hf_grpo.training.dynamic_sampling import PromptStream
 
 
 ROWS, DRAW, CALLS = 14_000_000, 128, 10

@@ -1,6 +1,6 @@
 """Does a real pretrained model learn with hf_grpo on this CPU? ``recipes/smollm2-135m-arith.yaml`` on several seeds.
 
-    hf-grpo model get smollm2-135m-instruct-q4_1              # once: the model (hf_grpo.local_models)
+    hf-grpo model get smollm2-135m-instruct-q4_1              # once: the model (hf_grpo.models.registry)
     python benchmarks/real_model_learning.py                  # seeds 0 1 2, one after another (10-23 min each, 2 cores)
     python benchmarks/real_model_learning.py --recipe recipes/smollm2-135m-reasoning.yaml
     python benchmarks/real_model_learning.py --seeds 0 --run-args "--max_steps 4"
@@ -46,11 +46,11 @@ from pathlib import Path
 
 import yaml
 
-from hf_grpo import local_models
+from hf_grpo.base.run_files import EVAL_RECORDS, HISTORY_FILE, WARM_START_DIR
 from hf_grpo.evaluation.stats import gains_by_kind, paired_gain
 from hf_grpo.generation.vllm_install import find_vllm
+from hf_grpo.models import registry as local_models
 from hf_grpo.rewards.functions import hash_final_format
-from hf_grpo.run_files import EVAL_RECORDS, HISTORY_FILE, WARM_START_DIR
 
 
 REPO = Path(__file__).resolve().parent.parent

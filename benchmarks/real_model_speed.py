@@ -161,8 +161,8 @@ def build_stock(recipe, tuned: bool = False):
     import trl
 
     from hf_grpo.data import load_grpo_datasets
-    from hf_grpo.pipeline import fit_to_context, load_policy
     from hf_grpo.rewards import resolve_reward
+    from hf_grpo.run.pipeline import fit_to_context, load_policy
 
     args, kwargs = recipe.training, recipe.rewards.reward_kwargs or {}
     train_dataset, _ = load_grpo_datasets(recipe.data, seed=args.seed)
@@ -194,7 +194,7 @@ def build_stock(recipe, tuned: bool = False):
 
 
 def build_ours(recipe):
-    from hf_grpo.pipeline import build_trainer
+    from hf_grpo.run.pipeline import build_trainer
 
     trainer, evaluator, _ = build_trainer(recipe)
     return trainer, [], (evaluator.close if evaluator is not None else lambda: None)
@@ -203,7 +203,7 @@ def build_ours(recipe):
 def child_main(spec_file: str) -> None:
     import logging
 
-    from hf_grpo.launch import apply_thread_policy
+    from hf_grpo.launch.launcher import apply_thread_policy
     from hf_grpo.recipe import apply_env, load_recipe
 
     spec = json.loads(Path(spec_file).read_text())
@@ -345,7 +345,7 @@ def run_arm(arm: str, ctx: dict, args) -> dict:
         spec.write_text(json.dumps({"arm": arm, "argv": arm_argv, "out": str(result_file)}))
         command, env = [sys.executable, __file__, "--child", str(spec)], {**ctx["env"], **ctx["recipe"].env}
     else:
-        from hf_grpo.launch import free_port
+        from hf_grpo.launch.launcher import free_port
 
         overlap = "true" if arm == "vllm_overlap" else "false"
         gen = ["--generation.backend", "vllm_server", "--generation.overlap", overlap, "--generation.port"]

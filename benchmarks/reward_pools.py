@@ -1,6 +1,6 @@
 """The worker-pool comparison of ``benchmarks/rewards.py`` (``--pool``): hf_grpo's ``RewardPool`` vs pebble's ``ProcessPool``.
 
-Issue 10, item 6: could ``hf_grpo/workers.py`` be replaced by pebble? The same work on ``RewardPool`` and on
+Issue 10, item 6: could ``hf_grpo/base/workers.py`` be replaced by pebble? The same work on ``RewardPool`` and on
 ``benchmarks/pebble_pool.py``'s ``PebblePool`` (as it comes, and with an initializer that adds our worker hardening):
 cold and warm start-up, throughput, kill and replacement latency, a worker dying while idle, and what outlives a
 SIGKILLed parent. ``compare_pools`` prints the method above its tables. Run it through the script:

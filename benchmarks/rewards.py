@@ -5,9 +5,9 @@
     python benchmarks/rewards.py --pool none --graders          # only the grader comparison (about 2.5 minutes)
     python benchmarks/rewards.py --pool none --graders --n 400 --repeats 1  # a quick look
 
-Pools (``--pool``, issue 10 item 6: could ``hf_grpo/workers.py`` be replaced by pebble?). The same work on
+Pools (``--pool``, issue 10 item 6: could ``hf_grpo/base/workers.py`` be replaced by pebble?). The same work on
 ``RewardPool`` and on ``benchmarks/pebble_pool.py``'s ``PebblePool`` (``pebble.ProcessPool`` on the same preloaded
-"forkserver" context, once as it comes and once with an initializer that adds ``hf_grpo/workers.py``'s worker hardening):
+"forkserver" context, once as it comes and once with an initializer that adds ``hf_grpo/base/workers.py``'s worker hardening):
 start-up (cold, in a fresh interpreter, and warm), throughput (``--pool-n`` completions graded with
 ``grade_completion`` by ``--workers`` workers, the pools taking turns), kill latency and replacement latency on a
 1-worker pool (a hung item with timeout ``--kill-timeout``, then the next item), what a worker dying while idle does

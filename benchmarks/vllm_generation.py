@@ -6,7 +6,7 @@
 
 What it measures, and how (the output says it again next to the numbers):
 
-- Model: the tiny Qwen2 of ``hf_grpo.tiny`` (the tiny recipe's tokenizer, hidden size, seed; fp32) with one change:
+- Model: the tiny Qwen2 of ``hf_grpo.models.tiny`` (the tiny recipe's tokenizer, hidden size, seed; fp32) with one change:
   vLLM's CPU attention refuses head_dim 16, so it has 2 heads of 32 and 1 KV head instead of 4 of 16 and 2 (same
   weight shapes, same FLOPs), warm-started in that layout (recipe's learning rate, ``--warm-start-steps``: default 100,
   the recipe's 300 took 150 s on these shared cores) so that completions look like answers. BOTH engines load the
@@ -58,11 +58,11 @@ from hf_grpo.data import load_grpo_datasets
 from hf_grpo.evaluation.core import prompt_token_ids
 from hf_grpo.generation.server_generator import request_seed
 from hf_grpo.generation.vllm_client import VLLMServerClient
-from hf_grpo.process_layout import shipped_dir
+from hf_grpo.launch.processes import shipped_dir
+from hf_grpo.models.tiny import build_model, build_tokenizer
 from hf_grpo.recipe import load_recipe
 from hf_grpo.rewards import grade
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.warm_start import warm_start
+from hf_grpo.training.warm_start import warm_start
 
 
 # vLLM 0.30 on CPU crashes a seeded request whose prefill is split over steps ("CPU Generator does not use offset",

@@ -1,7 +1,7 @@
 """The run watch on simulated runs: how often it finds something in runs whose held-out accuracy does not change, and
 how often and how soon it finds a real effect (issue 68).
 
-Each run feeds the real ``hf_grpo.watch.RunWatch`` what a training run feeds it: a training reward logged every
+Each run feeds the real ``hf_grpo.monitoring.run_watch.RunWatch`` what a training run feeds it: a training reward logged every
 ``logging_steps`` that rises from 0.2 to 0.8 (with noise), step 0's evaluation, a periodic evaluation every
 ``task_eval_steps`` on the first ``task_eval_max_samples`` problems, the look after training on every problem, and the
 choice of the adapter to keep. Each problem has its own chance of being solved, drawn once per run from Beta(0.7, 1)
@@ -10,7 +10,7 @@ choice of the adapter to keep. Each problem has its own chance of being solved, 
 
 Printed per shape and rate: the share of runs with each finding (hacking, forgetting, plateau when ``stop_on:
 [plateau]``), with any of them, and that keep an earlier adapter, and the mean gain reported for a kept adapter: on
-the problems that did not choose it, by ``hf_grpo.phases.reported`` as a run computes it (under the null it should
+the problems that did not choose it, by ``hf_grpo.run.phases.reported`` as a run computes it (under the null it should
 be 0). The effects: the whole set's accuracy falls 10 points by the end of the run while the reward rises (hacking
 should be found), and one kind falls 30 points while the others rise so that the whole holds (forgetting should be
 found); printed, how often and at which step on average.
@@ -30,8 +30,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from hf_grpo.phases import reported
-from hf_grpo.watch import Evaluation, RunWatch
+from hf_grpo.monitoring.run_watch import Evaluation, RunWatch
+from hf_grpo.run.phases import reported
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rates", nargs="*", type=float, default=list(RATES))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.getLogger("hf_grpo.watch").setLevel(logging.ERROR)  # its findings are counted, not printed
+    logging.getLogger("hf_grpo.monitoring.run_watch").setLevel(logging.ERROR)  # its findings are counted, not printed
     model, start = tiny_adapter_model(), time.perf_counter()
-    print(f"{args.runs} simulated runs a row, the real hf_grpo.watch.RunWatch; rate: the chance a problem is graded "
+    print(f"{args.runs} simulated runs a row, the real hf_grpo.monitoring.run_watch.RunWatch; rate: the chance a problem is graded "
           "again between two evaluations\n")  # fmt: skip
     print(
         "Null (held-out accuracy never changes; the reward rises). Findings: share of runs; kept: an earlier "

@@ -5,7 +5,7 @@
 
 What it measures, and how (every number printed says which kind it is):
 
-1. MEASURED, wall clock (``time.perf_counter``), on the tiny Qwen2 of ``hf_grpo.tiny`` built with hidden size 128
+1. MEASURED, wall clock (``time.perf_counter``), on the tiny Qwen2 of ``hf_grpo.models.tiny`` built with hidden size 128
    (fp32, 2 layers) plus PEFT LoRA r=16 on q/k/v/o; ``--repeats`` timed syncs per path after ``--warmup`` untimed
    ones; median and min reported.
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     stack = import_stack()  # after argument parsing
 
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     logging_off()
     print_machine(args, stack)

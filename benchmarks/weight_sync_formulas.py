@@ -132,7 +132,7 @@ def check_formulas(tiny_model, rank: int) -> tuple[list[list[str]], bool]:
             )
 
     check_built(
-        Arch.from_config(f"tiny (hf_grpo.tiny, h={tiny_model.config.hidden_size}, tied)", tiny_model.config),
+        Arch.from_config(f"tiny (hf_grpo.models.tiny, h={tiny_model.config.hidden_size}, tied)", tiny_model.config),
         tiny_model,
     )
     torch.manual_seed(0)

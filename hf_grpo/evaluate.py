@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from .base.run_files import RECIPE_FILE, write_text
 from .evaluation.checks import check_max_new_tokens, check_model, check_output
-from .launch import apply_thread_policy
+from .launch.launcher import apply_thread_policy
 from .rewards import RewardArguments
-from .run_files import RECIPE_FILE, write_text
 
 
 # hf_grpo.evaluation.core's default, read here without importing torch: bad input fails before the heavy imports

@@ -11,7 +11,7 @@ A run loads the policy (or builds and warm-starts the embedded tiny model), the 
 measures held-out accuracy, trains with ``hf_grpo.GRPOTrainer``, saves the model (the adapter, as safetensors, with
 LoRA), measures held-out accuracy again and writes ``eval_results.json``, ``training_history.json`` and
 ``training_curves.png`` to ``output_dir``. A recipe error exits with code 2 and a one-line message. The run itself is
-``hf_grpo.pipeline``; this module is its command line and ``train()``, the same from Python.
+``hf_grpo.run.pipeline``; this module is its command line and ``train()``, the same from Python.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from pathlib import Path
 import torch.distributed
 from safetensors import SafetensorError
 
-from . import crash_log
-from .dynamic_sampling import SamplingExhausted
+from .base import crash_log
+from .base.run_files import RunFileError
+from .base.stopping import StopSignal, stops_held
 from .generation.server import ServerStartError
 from .generation.vllm_client import VLLMConnectionError, VLLMServerError
-from .launch import (
+from .launch.launcher import (
     LAUNCHED_ENV,
     SERVER_STARTED_ENV,
     ProgramNotFound,
@@ -48,11 +49,10 @@ from .launch import (
     stop_like_ctrl_c,
     stopped_summary,
 )
-from .pipeline import claim_output_dir, resume_target, run
 from .recipe import NESTED, RecipeError, apply_env, field_index, load_recipe, nested_index, render_dry_run
 from .rewards.wrapper import RewardFailedError
-from .run_files import RunFileError
-from .stopping import StopSignal, stops_held
+from .run.pipeline import claim_output_dir, resume_target, run
+from .training.dynamic_sampling import SamplingExhausted
 
 
 logger = logging.getLogger("hf_grpo")

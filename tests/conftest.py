@@ -67,8 +67,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def policy_dir(tmp_path_factory):
     """A warm-started tiny model on disk: the server loads it, the trainer loads it and adds LoRA."""
-    from hf_grpo.tiny import build_model, build_tokenizer
-    from hf_grpo.warm_start import warm_start
+    from hf_grpo.models.tiny import build_model, build_tokenizer
+    from hf_grpo.training.warm_start import warm_start
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=64)
@@ -82,7 +82,7 @@ def policy_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random-init tiny model and tokenizer saved to disk (for servers and evaluators that load from a path)."""
-    from hf_grpo.tiny import build_tiny
+    from hf_grpo.training.warm_start import build_tiny
 
     path = tmp_path_factory.mktemp("tiny-model")
     model, tokenizer = build_tiny(seed=0)

@@ -164,7 +164,7 @@ def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_refused_before
     """A tokenizer with no chat template and a conversational dataset failed after the model loaded."""
     import transformers
 
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     folder = tmp_path / "model"
     tokenizer = build_tokenizer()

@@ -494,8 +494,8 @@ def test_lora_targets_reach_peft_in_a_form_it_applies(argv, adapted):
     from peft import get_peft_model
     from trl import get_peft_config
 
+    from hf_grpo.models.tiny import build_model, build_tokenizer
     from hf_grpo.recipe import load_recipe
-    from hf_grpo.tiny import build_model, build_tokenizer
 
     recipe, _ = load_recipe(argv, for_run=False)
     model = get_peft_model(build_model(build_tokenizer(), hidden_size=32), get_peft_config(recipe.model))

@@ -19,7 +19,7 @@ TINY = str(REPO / "recipes" / "tiny.yaml")
 # line of the run's first step (RUN_STARTED), and for the real run no output_dir. The time bound only catches a hang:
 # CHECK_SECONDS past a bare interpreter that imports the same modules (measured once per module, so both are loaded).
 CHECK_SECONDS = 60
-RUN_STARTED = "CPU thread(s) per process"  # hf_grpo.pipeline.run's first line (before it writes or loads anything)
+RUN_STARTED = "CPU thread(s) per process"  # hf_grpo.run.pipeline.run's first line (before it writes or loads anything)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_grpo.checkpoints import MANIFEST, CheckpointError, newest_complete, problem, resolve_resume
+from hf_grpo.training.checkpoints import MANIFEST, CheckpointError, newest_complete, problem, resolve_resume
 
 from .helpers.common import run_module
 from .helpers.trainers import make_trainer
@@ -59,7 +59,7 @@ def test_a_save_killed_before_it_completes_keeps_the_previous_checkpoint_with_sa
     """With save_total_limit 1 transformers deleted checkpoint-1 inside its _save_checkpoint of
     checkpoint-2, before hf_grpo marked checkpoint-2 complete: a kill in between left nothing to resume from, and
     `resume auto` started again from step 0. Now the rotation runs once checkpoint-2 is complete."""
-    from hf_grpo import trainer as trainer_module
+    from hf_grpo.training import trainer as trainer_module
 
     out = tmp_path / "run"
     real = trainer_module.write_manifest
@@ -83,7 +83,7 @@ def test_a_save_killed_before_it_completes_keeps_the_previous_checkpoint_with_sa
 def test_auto_skips_a_checkpoint_stopped_mid_write_and_says_so(run_dir, caplog):
     (run_dir / "checkpoint-3" / MANIFEST).unlink()  # the state a kill between the first and the last file leaves
     (run_dir / "checkpoint-3" / "trainer_state.json").unlink()
-    with caplog.at_level(logging.INFO, logger="hf_grpo.checkpoints"):
+    with caplog.at_level(logging.INFO, logger="hf_grpo.training.checkpoints"):
         assert resolve_resume("auto", str(run_dir), 1) == str(run_dir / "checkpoint-2")
     assert "skipping" in caplog.text and "checkpoint-3" in caplog.text and MANIFEST in caplog.text
 
@@ -147,7 +147,7 @@ def test_the_cli_refuses_a_damaged_checkpoint_before_loading_anything(run_dir):
 def test_keep_best_ranks_keeps_the_newest_unranked_and_drops_older_unranked(tmp_path):
     """A checkpoint without a task evaluation no longer stops the run; it is kept unranked while it is
     the newest (to resume from) and deleted with the ranked-out ones after that."""
-    from hf_grpo.checkpoints import SCORES_FILE, keep_best
+    from hf_grpo.training.checkpoints import SCORES_FILE, keep_best
 
     def save(step: int, score):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -171,7 +171,7 @@ def test_checkpoint_scores_are_replaced_whole_never_rewritten_in_place(tmp_path,
     import builtins
     import io
 
-    from hf_grpo.checkpoints import SCORES_FILE, keep_best
+    from hf_grpo.training.checkpoints import SCORES_FILE, keep_best
 
     opened_for_writing, replaced = [], []
     real_open, real_io_open, real_replace = builtins.open, io.open, os.replace
@@ -207,7 +207,7 @@ def test_a_checkpoint_path_with_a_tilde_is_expanded(run_dir, monkeypatch):
 def test_a_checkpoint_keeps_the_recipe_it_was_trained_with_and_says_when_it_is_finished(tmp_path):
     """The resume compares this recipe (listed in the manifest, so checked like every file) with the
     current one, and a checkpoint at max_steps is a finished run."""
-    from hf_grpo.checkpoints import finished_step, recipe_changes, saved_recipe_path, write_manifest
+    from hf_grpo.training.checkpoints import finished_step, recipe_changes, saved_recipe_path, write_manifest
 
     (tmp_path / "recipe.yaml").write_text("lora_r: 16\n")
     folder = tmp_path / "checkpoint-2"
@@ -232,7 +232,7 @@ def test_a_checkpoint_keeps_the_recipe_it_was_trained_with_and_says_when_it_is_f
 def test_the_tiny_models_seed_and_warm_start_fix_what_a_checkpoint_resumes():
     """The tiny model is built and warm-started from the seed, so a checkpoint resumed with another seed or
     warm start put its adapter on another base model, with only a warning; for a real model the seed is free."""
-    from hf_grpo.checkpoints import recipe_changes
+    from hf_grpo.training.checkpoints import recipe_changes
 
     saved, defaults = {"model_name_or_path": "tiny", "seed": 0, "warm_start_steps": 300}, {"seed": 42}
     fixed, _ = recipe_changes(saved, {**saved, "seed": 1, "warm_start_steps": 100}, defaults)
@@ -251,11 +251,11 @@ def test_a_weights_only_checkpoint_is_resumed_with_a_warning(run_dir, caplog):
     for name in ("optimizer.pt", "scheduler.pt"):
         manifest["files"].pop(name)  # as save_only_model writes it: the files were never there
     (run_dir / "checkpoint-3" / MANIFEST).write_text(json.dumps(manifest))
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.training.checkpoints"):
         assert resolve_resume("auto", str(run_dir), 1) == str(run_dir / "checkpoint-3")
     assert "no optimizer.pt or scheduler.pt (saved with save_only_model: true)" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.training.checkpoints"):
         assert resolve_resume(str(run_dir / "checkpoint-2"), str(run_dir), 1) == str(run_dir / "checkpoint-2")
     assert "save_only_model" not in caplog.text  # a full checkpoint resumes exactly, with no warning
 
@@ -264,7 +264,7 @@ def test_a_node_where_no_process_wrote_gets_a_manifest_that_names_what_it_lacks(
     """Two nodes without a shared disk and ``save_only_model: true``: node 1's processes wrote no file, so
     ``checkpoint-N`` did not exist there and ``write_manifest`` died with FileNotFoundError mid-save. Now node 1 gets
     the folder with the manifest alone, and its checkpoint is incomplete there (a resume stops naming the file)."""
-    from hf_grpo.checkpoints import listing, write_manifest
+    from hf_grpo.training.checkpoints import listing, write_manifest
 
     node0, node1 = tmp_path / "node0" / "checkpoint-2", tmp_path / "node1" / "checkpoint-2"
     node0.mkdir(parents=True)
@@ -283,7 +283,7 @@ def test_a_checkpoint_saved_inside_a_generation_cycle_on_another_process_count_s
 ):
     """TRL's buffered generation batch is per process: the manifest records it, and a resume on another process count
     (which dynamic sampling's groups refuse) is told before loading that the batch is generated anew, not exact."""
-    from hf_grpo.checkpoints import sampling_changes, write_manifest
+    from hf_grpo.training.checkpoints import sampling_changes, write_manifest
 
     folder = tmp_path / "checkpoint-1"
     folder.mkdir()

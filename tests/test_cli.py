@@ -1,7 +1,7 @@
 """The ``hf-grpo`` console command: subcommands, help that names itself, the modules unchanged.
 
 ``hf-grpo train|eval|push|report`` call the ``main(argv, prog)`` of ``hf_grpo.train``, ``hf_grpo.evaluate``,
-``hf_grpo.hub`` and ``hf_grpo.evaluation.report``; ``python -m hf_grpo.train`` keeps its own name in its help.
+``hf_grpo.push`` and ``hf_grpo.report``; ``python -m hf_grpo.train`` keeps its own name in its help.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ def test_help_lists_the_subcommands_without_loading_the_training_stack():
     )
     loaded = run([sys.executable, "-c", code]).stdout.strip().splitlines()[-1]
     assert loaded == "[]"
-
-
-# push and report: hf_grpo.hub.main and hf_grpo.evaluation.report.main take no `prog` yet (the lead's integration)
 
 
 @pytest.mark.parametrize("name", ["train", "eval", "push", "report"])

@@ -17,7 +17,7 @@ import torch
 from hf_grpo import evaluate as hf_evaluate
 from hf_grpo.evaluation import core, saved_model
 from hf_grpo.evaluation.device import CPU_BATCH, CUDA_BATCH, choose_device, eval_batch_size, place_for_generation
-from hf_grpo.tiny import build_model, build_tokenizer
+from hf_grpo.models.tiny import build_model, build_tokenizer
 
 
 @pytest.fixture

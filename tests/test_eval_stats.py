@@ -15,12 +15,13 @@ import random
 
 import pytest
 
-from hf_grpo.card import model_card
-from hf_grpo.evaluation import report, stats
-from hf_grpo.evaluation.plot import training_figure
+from hf_grpo.evaluation import stats
 from hf_grpo.evaluation.stats import gain_from_run, paired_gain
-from hf_grpo.evaluation.summary import summary_markdown
-from hf_grpo.results import RunResult
+from hf_grpo.publish import report
+from hf_grpo.publish.card import model_card
+from hf_grpo.publish.plot import training_figure
+from hf_grpo.publish.run_result import RunResult
+from hf_grpo.publish.summary import summary_markdown
 
 
 def table(n: int, right_to_wrong: int, wrong_to_right: int, both_right: int = 0) -> tuple[list[str], list[str]]:

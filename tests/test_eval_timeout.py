@@ -78,7 +78,7 @@ def run_python(args: list[str], env: dict | None = None) -> tuple[subprocess.Com
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# (a) the before/after (and periodic) evaluation: TaskEvaluator.run, as hf_grpo.pipeline.run calls it
+# (a) the before/after (and periodic) evaluation: TaskEvaluator.run, as hf_grpo.run.pipeline.run calls it
 
 TASK_EVALUATOR_SCRIPT = """
 import json, sys, time
@@ -90,10 +90,10 @@ from datasets import Dataset
 
 from hf_grpo.evaluation import core
 from hf_grpo.evaluation.history import write_json
-from hf_grpo.evaluation.report import write_report
+from hf_grpo.publish.report import write_report
 from hf_grpo.evaluation.tasks import TaskEvaluator
-from hf_grpo.run_files import EVAL_FILE
-from hf_grpo.phases import paired_gain_of_run
+from hf_grpo.base.run_files import EVAL_FILE
+from hf_grpo.run.phases import paired_gain_of_run
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 out = Path(spec["output_dir"])
@@ -108,15 +108,15 @@ args = SimpleNamespace(
     chat_template_kwargs=None,
 )
 dataset = Dataset.from_dict({"prompt": spec["prompts"], "solution": spec["golds"]})
-evaluator = TaskEvaluator(dataset, "math", args)  # as hf_grpo.pipeline.run builds it
+evaluator = TaskEvaluator(dataset, "math", args)  # as hf_grpo.run.pipeline.run builds it
 evaluator.grade_timeout = spec["timeout"]
 results, elapsed = {}, {}
 for label in ("before", "after"):
     canned.update(zip(spec["prompts"], spec[label], strict=True))
     start = time.monotonic()
-    results[label] = evaluator.run(torch.nn.Linear(1, 1), None, label=label)  # hf_grpo.pipeline.run's call, sans trainer
+    results[label] = evaluator.run(torch.nn.Linear(1, 1), None, label=label)  # hf_grpo.run.pipeline.run's call, sans trainer
     elapsed[label] = time.monotonic() - start
-results["gain"] = paired_gain_of_run(str(out))  # then exactly what hf_grpo.phases does with them
+results["gain"] = paired_gain_of_run(str(out))  # then exactly what hf_grpo.run.phases does with them
 write_json(out / EVAL_FILE, results)
 write_report(out)
 pool = evaluator._own_pool
@@ -302,7 +302,7 @@ def test_task_evaluator_grades_in_the_trainers_reward_pool(tmp_path):
 
 
 def test_report_table_shows_timeouts_only_when_there_are_any():
-    from hf_grpo.evaluation.summary import eval_table
+    from hf_grpo.publish.summary import eval_table
 
     plain = {"accuracy": 0.5, "correct": 1, "wrong": 1, "unparseable": 0, "total": 2}  # written before timeouts
     assert "grading" not in eval_table({"before": plain, "after": plain})

@@ -202,7 +202,7 @@ def test_output_is_written_to_a_temporary_file_then_renamed(tmp_path, tiny_model
         renames.append((str(src), str(dst)))
         replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", recording_replace)  # hf_grpo.run_files.replacing's rename
+    monkeypatch.setattr(os, "replace", recording_replace)  # hf_grpo.base.run_files.replacing's rename
     output = tmp_path / "records.jsonl"
     assert cli.main([str(tiny_model_dir), "--output", str(output), *QUICK]) == 0
     assert [dst for _, dst in renames] == [str(output)]

@@ -23,7 +23,7 @@ from peft import LoraConfig
 from trl.trainer import grpo_trainer
 
 from hf_grpo.config import HfGRPOConfig
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.training.trainer import GRPOTrainer
 
 
 def trl_loss_types() -> list[str]:
@@ -61,7 +61,7 @@ DEFAULT_TOLERANCE = 5e-5
 @pytest.fixture(scope="module")
 def policy_paths(tmp_path_factory) -> dict:
     """The tiny policy saved twice: with its LM head tied to the embedding (as built), and untied."""
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     tokenizer, paths = build_tokenizer(), {}
     for tied in (True, False):

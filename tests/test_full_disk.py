@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from hf_grpo.checkpoints import problem
-from hf_grpo.run_files import claim
+from hf_grpo.base.run_files import claim
 from hf_grpo.train import main
+from hf_grpo.training.checkpoints import problem
 
 from .helpers.common import REPO
 

@@ -12,8 +12,8 @@ import requests
 import torch
 
 from hf_grpo.generation import server_generator
-from hf_grpo.generation.layout import GenerationArguments, max_lora_rank, server_command, training_gpus, trl_fields
 from hf_grpo.generation.server_generator import ServerGenerator
+from hf_grpo.generation.settings import GenerationArguments, max_lora_rank, server_command, training_gpus, trl_fields
 from hf_grpo.generation.vllm_install import VLLMInstall
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
@@ -118,7 +118,9 @@ def test_generation_section_errors(args, message):
     ],
 )
 def test_dry_run_prints_the_server_and_training_commands(recipe, server_part, train_part, capsys, monkeypatch):
-    monkeypatch.setattr("hf_grpo.launch.find_vllm", lambda: VLLMInstall("vllm", "0.30.0"))  # a GPU machine's vLLM
+    monkeypatch.setattr(
+        "hf_grpo.launch.launcher.find_vllm", lambda: VLLMInstall("vllm", "0.30.0")
+    )  # a GPU machine's vLLM
     assert main([f"recipes/{recipe}", "--dry-run"]) == 0
     out = capsys.readouterr().out
     lines = [line.strip() for line in out.splitlines()]

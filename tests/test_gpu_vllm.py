@@ -12,8 +12,8 @@ import socket
 import pytest
 import torch
 
-from hf_grpo.generation.layout import GenerationArguments, server_command
 from hf_grpo.generation.server import VLLMServerProcess
+from hf_grpo.generation.settings import GenerationArguments, server_command
 from hf_grpo.generation.vllm_client import VLLMServerClient
 
 

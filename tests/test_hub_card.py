@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCard
 
-from hf_grpo.card import model_card
-from hf_grpo.results import pick_samples
+from hf_grpo.publish.card import model_card
+from hf_grpo.publish.run_result import pick_samples
 
 
 def test_card_metadata_for_a_hub_base_and_dataset(tmp_path):

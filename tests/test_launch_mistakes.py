@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from hf_grpo.generation.layout import GenerationArguments
-from hf_grpo.hardware import Machine, hardware_problems
-from hf_grpo.launch import STOP_GRACE_S
-from hf_grpo.process_layout import Layout, main_port_problem
+from hf_grpo.generation.settings import GenerationArguments
+from hf_grpo.launch.hardware import Machine, hardware_problems
+from hf_grpo.launch.launcher import STOP_GRACE_S
+from hf_grpo.launch.processes import Layout, main_port_problem
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
 
@@ -118,7 +118,7 @@ def test_accelerate_finding_the_port_taken_ends_in_one_line(holder, tmp_path):
         port = sock.getsockname()[1]
         done = subprocess.run(
             [
-                sys.executable, "-m", "hf_grpo.crash_log", str(tmp_path / "run"), "accelerate", "launch",
+                sys.executable, "-m", "hf_grpo.base.crash_log", str(tmp_path / "run"), "accelerate", "launch",
                 "--config_file", "accelerate_configs/cpu.yaml", "--num_processes", "2", "--num_machines", "2",
                 "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
                 "-m", "hf_grpo.train", "recipes/tiny.yaml",

@@ -35,9 +35,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from hf_grpo.checkpoints import MANIFEST, problem
-from hf_grpo.launch import free_port
+from hf_grpo.launch.launcher import free_port
 from hf_grpo.train import main
+from hf_grpo.training.checkpoints import MANIFEST, problem
 
 from .helpers.common import REPO
 from .helpers.launching import COMMON, FIXTURE_SERVE, RUN_MARK, kill_marked, launched, marked_processes, wait_until

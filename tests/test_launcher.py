@@ -33,7 +33,7 @@ from .helpers.launching import (
 
 
 def test_launcher_finds_programs_beside_python_or_names_the_missing_one(monkeypatch):
-    from hf_grpo.launch import ProgramNotFound, resolve_program
+    from hf_grpo.launch.launcher import ProgramNotFound, resolve_program
 
     monkeypatch.setenv("PATH", "/nonexistent")  # a venv used as .venv/bin/python without activating it
     resolved = resolve_program(["accelerate", "launch", "-m", "hf_grpo.train"])
@@ -127,7 +127,7 @@ def test_a_sigkilled_launcher_leaves_no_process_behind(tmp_path):
         assert launcher.stdout.readline().strip() == "launched"
         # launcher, server, engine worker, launch, worker (and, with its watchdog, one more)
         assert wait_until(
-            lambda: sum("hf_grpo.watchdog" not in c for c in marked_processes(mark).values()) == 5, 30
+            lambda: sum("hf_grpo.base.watchdog" not in c for c in marked_processes(mark).values()) == 5, 30
         ), marked_processes(mark)
         launcher.kill()
         launcher.wait()
@@ -149,7 +149,7 @@ def test_a_launch_that_ends_dismisses_its_watchdog(tmp_path):
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert not [c for c in marked_processes(mark).values() if "hf_grpo.watchdog" in c]
+        assert not [c for c in marked_processes(mark).values() if "hf_grpo.base.watchdog" in c]
         assert "hf_grpo watchdog" not in result.stderr
         assert wait_until(lambda: not marked_processes(mark), 10), marked_processes(mark)
     finally:
@@ -160,7 +160,7 @@ def test_a_launch_that_ends_dismisses_its_watchdog(tmp_path):
 def test_the_watchdog_stops_its_groups_only_when_the_launcher_dies(end):
     """``done`` dismisses the watchdog, leaving the groups alone; end of file without it stops them all (SIGKILL for
     a group that ignores SIGTERM)."""
-    from hf_grpo.watchdog import Watchdog
+    from hf_grpo.base.watchdog import Watchdog
 
     ignores_term = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
@@ -217,7 +217,7 @@ def test_stopping_the_server_stops_its_engine_workers_too(tmp_path):
 LAUNCH_ENDINGS = {  # a training launch that ends so
     "silently": "import sys; sys.exit(1)",
     "with an error line": (
-        "import sys; from hf_grpo.crash_log import mark_error; sys.stderr.write('hf_grpo: error: it broke\\n'); "
+        "import sys; from hf_grpo.base.crash_log import mark_error; sys.stderr.write('hf_grpo: error: it broke\\n'); "
         "mark_error(); sys.exit(2)"
     ),
     "stopped by SIGTERM": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
@@ -233,7 +233,7 @@ def test_the_launchers_closing_line_claims_no_error_line_nor_logs_folder_it_has_
     ended: after a launch killed by a signal, or one whose error printed no such line, and with no logs folder."""
     from types import SimpleNamespace
 
-    from hf_grpo import launch
+    from hf_grpo.launch import launcher as launch
 
     out = tmp_path / "run"
     out.mkdir()

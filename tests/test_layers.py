@@ -12,50 +12,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_grpo"
 
-# Bottom to top, as in README's layout section. A name covers the module and, for a package, everything in it.
+# Bottom to top, as in README's layout section: the folders (and the modules at the root). A name covers the module
+# and, for a package, everything in it.
 LAYERS = [
-    ["run_files", "progress", "watchdog", "crash_log", "hub_token", "config", "run_lock", "stopping"],
-    [
-        "data",
-        "rewards",
-        "workers",
-        "generation",
-        "evaluation",
-        "evaluation.core",
-        "evaluation.stats",
-        "evaluation.history",
-        "dynamic_sampling",
-        "selection",
-        "advantages",
-        "checkpoints",
-        "hardware",
-        "tiny",
-        "warm_start",
-        "vllm_standin",
-        "local_models",
-        "process_layout",
-        "shared_prompts",
-        "micro_batches",
-        "batch_logps",
-    ],
-    ["launch", "miniature"],
+    ["config", "base"],
+    ["data", "rewards", "generation", "evaluation", "models", "vllm_standin"],
+    ["training", "launch"],
+    ["miniature"],
     ["recipe"],
-    ["trainer", "eta", "evaluation.tasks", "watch"],
-    [
-        "results",
-        "evaluation.report",
-        "evaluation.plot",
-        "evaluation.summary",
-        "card",
-        "trackers",
-        "hub",
-        "pipeline",
-        "finishing",
-        "phases",
-    ],
-    ["train", "evaluate", "evaluation.cli", "cli", ""],
+    ["publish"],
+    ["monitoring"],
+    ["run"],
+    ["train", "evaluate", "report", "push", "cli", ""],
 ]
-
 
 def modules() -> dict[str, Path]:
     """Every importable module of the package (a directory without ``__init__.py``, such as the stand-in's fake
@@ -182,18 +151,19 @@ def test_a_lazy_import_of_ours_says_why():
 def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     """The checks above can fail: a two-module package that imports itself in a circle, from a lower layer."""
     pkg = tmp_path / "hf_grpo"
-    pkg.mkdir()
+    (pkg / "base").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "run_files.py").write_text("from .train import main\n")
-    (pkg / "train.py").write_text("def main():\n    from . import run_files\n")
+    (pkg / "base" / "__init__.py").write_text("")
+    (pkg / "base" / "run_files.py").write_text("from ..train import main\n")
+    (pkg / "train.py").write_text("def main():\n    from .base import run_files\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg, raising=False)
     monkeypatch.setitem(globals(), "PACKAGE", pkg)
     _, edges, lazy = import_graph()
-    assert edges == {"run_files": {"train"}, "train": {"run_files"}}
+    assert edges == {"base.run_files": {"train"}, "train": {"base", "base.run_files"}}
     assert lazy == [("train", 2, False)]
     with pytest.raises(pytest.fail.Exception, match="import cycle"):
         test_the_import_graph_has_no_cycle()
-    with pytest.raises(AssertionError, match="hf_grpo.run_files .layer 0. imports hf_grpo.train"):
+    with pytest.raises(AssertionError, match="hf_grpo.base.run_files .layer 0. imports hf_grpo.train"):
         test_imports_point_down_the_layers()
 
 

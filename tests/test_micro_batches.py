@@ -1,4 +1,4 @@
-"""How a generation's rows are cut into micro-batches (hf_grpo/micro_batches.py): regrouped into whole groups only
+"""How a generation's rows are cut into micro-batches (hf_grpo/training/micro_batches.py): regrouped into whole groups only
 within an optimizer step, and dynamic sampling's fill rows weighing nothing, however TRL's shuffle fell."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from hf_grpo import micro_batches
+from hf_grpo.training import micro_batches
 
 
 G, GROUPS, FILLED = 4, 8, 2  # rows per group, groups per generation, of which fill groups

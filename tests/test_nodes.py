@@ -9,11 +9,11 @@ import socket
 import pytest
 import torch
 
-from hf_grpo.checkpoints import listing, problem, write_manifest
-from hf_grpo.launch import MAIN_NODE_PLACEHOLDER, node_commands, plan_commands
-from hf_grpo.process_layout import loopback_host_problem
+from hf_grpo.launch.launcher import MAIN_NODE_PLACEHOLDER, node_commands, plan_commands
+from hf_grpo.launch.processes import loopback_host_problem
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
+from hf_grpo.training.checkpoints import listing, problem, write_manifest
 
 
 RECIPE = "recipes/qwen7b-lora-2node.yaml"

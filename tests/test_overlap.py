@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_grpo.dynamic_sampling import DynamicSampler, PromptStream
 from hf_grpo.generation import overlap
 from hf_grpo.generation.overlap import STATE_FILE, Lookahead
 from hf_grpo.generation.vllm_client import VLLMConnectionError
+from hf_grpo.training.dynamic_sampling import DynamicSampler, PromptStream
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ import time
 import pytest
 import requests
 
-from hf_grpo.checkpoints import MANIFEST
 from hf_grpo.generation.overlap import STATE_FILE
 from hf_grpo.train import main
+from hf_grpo.training.checkpoints import MANIFEST
 
 from .helpers.common import REPO
 from .helpers.launching import COMMON, FIXTURE_SERVE, RUN_MARK, free_port, kill_marked, marked_processes, wait_until

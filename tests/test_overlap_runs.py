@@ -16,8 +16,8 @@ import time
 import pytest
 import torch
 
-from hf_grpo.generation.layout import GenerationArguments, server_command
 from hf_grpo.generation.overlap import STATE_FILE
+from hf_grpo.generation.settings import GenerationArguments, server_command
 from hf_grpo.train import main
 
 from .helpers.overlap_run import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_grpo.evaluation.plot import choose_panels, plot_training, training_figure
+from hf_grpo.publish.plot import choose_panels, plot_training, training_figure
 
 
 def record(step: int, *, beta: float = 0.0, rewards: dict[str, float] | None = None, periodic: int = 0) -> dict:

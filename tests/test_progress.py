@@ -1,4 +1,4 @@
-"""Progress bars where a user waits (hf_grpo.progress): the warm start, evaluations, the evaluate command and extra
+"""Progress bars where a user waits (hf_grpo.base.progress): the warm start, evaluations, the evaluate command and extra
 dynamic-sampling rounds report real counts on a terminal, and draw nothing when stderr is not a terminal, on a
 process other than the main one, or with the trainer's ``disable_tqdm``.
 
@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-import hf_grpo.progress
+import hf_grpo.base.progress
 from hf_grpo.data.arithmetic import make_split
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.warm_start import arithmetic_examples, warm_start
+from hf_grpo.models.tiny import build_model, build_tokenizer
+from hf_grpo.training.warm_start import arithmetic_examples, warm_start
 
 from .helpers import reward_scripts
 from .helpers.common import tiny_config
@@ -36,13 +36,13 @@ class Terminal(io.StringIO):
 def bars(monkeypatch) -> list:
     created = []
 
-    class Recorded(hf_grpo.progress.tqdm):
+    class Recorded(hf_grpo.base.progress.tqdm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.shown = not self.disable  # close() disables a bar: remember whether it was drawn
             created.append(self)
 
-    monkeypatch.setattr(hf_grpo.progress, "tqdm", Recorded)
+    monkeypatch.setattr(hf_grpo.base.progress, "tqdm", Recorded)
     return created
 
 
@@ -80,30 +80,30 @@ def test_no_bar_when_stderr_is_not_a_terminal_unless_forced(tiny, bars, capsys):
     warm_start(model, tokenizer, steps=1, batch_size=2, examples=few_examples())  # stderr captured: not a terminal
     assert not any(bar.shown for bar in bars) and capsys.readouterr().err == ""  # (log lines after 30 s instead)
 
-    with hf_grpo.progress.progress_bar(2, "forced", enabled=True) as bar:
+    with hf_grpo.base.progress.progress_bar(2, "forced", enabled=True) as bar:
         bar.update(2)
     assert bars[-1].shown and "forced:" in capsys.readouterr().err
 
-    with terminal() as stderr, hf_grpo.progress.progress_bar(2, "off", enabled=False) as bar:
+    with terminal() as stderr, hf_grpo.base.progress.progress_bar(2, "off", enabled=False) as bar:
         bar.update(2)
     assert not bars[-1].shown and stderr.getvalue() == ""
 
 
 def test_only_the_main_process_draws(bars, monkeypatch):
-    monkeypatch.setattr(hf_grpo.progress, "is_main_process", lambda: False)
-    with terminal() as stderr, hf_grpo.progress.progress_bar(2, "rank 1", enabled=True) as bar:
+    monkeypatch.setattr(hf_grpo.base.progress, "is_main_process", lambda: False)
+    with terminal() as stderr, hf_grpo.base.progress.progress_bar(2, "rank 1", enabled=True) as bar:
         bar.update(2)
     assert not bars[-1].shown and stderr.getvalue() == ""
 
 
 def test_trainer_disable_tqdm_turns_the_bars_off(bars):
-    assert hf_grpo.progress.enabled_for(tiny_config("unused", disable_tqdm=True)) is False
-    assert hf_grpo.progress.enabled_for(tiny_config("unused", disable_tqdm=False)) is None
+    assert hf_grpo.base.progress.enabled_for(tiny_config("unused", disable_tqdm=True)) is False
+    assert hf_grpo.base.progress.enabled_for(tiny_config("unused", disable_tqdm=False)) is None
     with terminal() as stderr:
-        with hf_grpo.progress.DeferredBar(4, "rounds", enabled=False) as bar:
+        with hf_grpo.base.progress.DeferredBar(4, "rounds", enabled=False) as bar:
             bar.show(1, "round 2/3")
         assert not bars[-1].shown and stderr.getvalue() == ""
-        with hf_grpo.progress.DeferredBar(4, "rounds") as bar:
+        with hf_grpo.base.progress.DeferredBar(4, "rounds") as bar:
             assert len(bars) == 1, "a deferred bar is created at its first show()"
             bar.show(3, "round 2/3")
     assert bars[-1].shown and "rounds" in stderr.getvalue() and "3/4" in stderr.getvalue()

@@ -30,7 +30,7 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 def test_importing_the_package_loads_no_training_stack():
-    """The launcher's watchdog runs ``python -m hf_grpo.watchdog``: the package import must not pull in torch."""
+    """The launcher's watchdog runs ``python -m hf_grpo.base.watchdog``: the package import must not pull in torch."""
     code = "import sys, hf_grpo; print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -15,10 +15,10 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig
 
-from hf_grpo import local_models
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.data.lengths import prompt_lengths
 from hf_grpo.evaluation.core import prompt_token_ids
+from hf_grpo.models import registry as local_models
 
 from .helpers.common import run_module
 from .helpers.real_vllm import ENGINE_START, REAL_VLLM, history, loaded_adapters, server_log

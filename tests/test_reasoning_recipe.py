@@ -1,5 +1,5 @@
 """Issue 47's pieces, checked without the real model: the two-step training problems and the reasoning held-out set
-(``hf_grpo.data.arithmetic``), and the supervised warm start of a pretrained policy (``hf_grpo.warm_start``) as a run
+(``hf_grpo.data.arithmetic``), and the supervised warm start of a pretrained policy (``hf_grpo.training.warm_start``) as a run
 does it: after the ``before`` evaluation, on the adapter only, and not again when the run resumes.
 
 How much the real model learns with ``recipes/smollm2-135m-reasoning.yaml``: ``benchmarks/real_model_learning.py``.
@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_grpo.data.arithmetic import REASONING_KINDS, TWO_STEP, make_reasoning_split, make_split
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
-from hf_grpo.warm_start import sft_batch, sft_example, sft_loss, warm_start
+from hf_grpo.training.warm_start import sft_batch, sft_example, sft_loss, warm_start
 
 from .helpers.launching import run_train
 

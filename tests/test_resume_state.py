@@ -15,8 +15,8 @@ import torch
 import trl
 from safetensors.torch import load_file
 
-from hf_grpo.checkpoints import MANIFEST, sampling_changes, write_manifest
 from hf_grpo.generation.overlap import STATE_FILE
+from hf_grpo.training.checkpoints import MANIFEST, sampling_changes, write_manifest
 
 from .helpers.overlap_run import make_overlap_trainer, record_generate_calls
 from .helpers.trainers import make_trainer, one_torch_thread  # noqa: F401  (an autouse fixture)
@@ -115,7 +115,7 @@ def test_a_batch_saved_with_another_cycle_shape_is_generated_anew_with_a_warning
 
     other = make_trainer(tmp_path / "other", steps_per_generation=4)
     other._step, other._buffered_inputs = 3, ["stale"]  # a trainer trained before: a resume starts from the checkpoint
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.trainer"):
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.training.trainer"):
         other._load_generation_batch(str(checkpoint), 0, saved)
     assert other._step == 0 and other._buffered_inputs is None
     assert "another steps_per_generation" in caplog.text and "generated anew" in caplog.text
@@ -154,8 +154,8 @@ def test_resume_target_warns_before_loading_when_a_sampling_feature_was_turned_o
     """Dynamic sampling or prompt selection turned on since the checkpoint ended in a FileNotFoundError or ValueError
     traceback after the model loaded; now the check before loading says that each starts fresh (overlap: the same
     check, run by tests/test_overlap_resume.py with a server)."""
-    from hf_grpo.pipeline import resume_target
     from hf_grpo.recipe.load import load_recipe
+    from hf_grpo.run.pipeline import resume_target
 
     folder = checkpoint_saved_with(tmp_path / "run" / "checkpoint-2")
     argv = [

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.models.tiny import build_model, build_tokenizer
 from hf_grpo.rewards import RewardArguments, load_reward_funcs
-from hf_grpo.tiny import build_model, build_tokenizer
 from hf_grpo.train import main
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.training.trainer import GRPOTrainer
 
 from .helpers.trainers import make_trainer
 

@@ -1,4 +1,4 @@
-"""Fault-isolated rewards (``hf_grpo.rewards.wrapper`` on ``hf_grpo.workers``): hard timeouts, errors reported by name, warm workers.
+"""Fault-isolated rewards (``hf_grpo.rewards.wrapper`` on ``hf_grpo.base.workers``): hard timeouts, errors reported by name, warm workers.
 
 Each test gets its own small pool (2 workers; the fork server stays up across tests, so a pool starts in well under
 a second). Timeouts are short (``TIMEOUT``); what a call cost is read from its counters and started workers, and a
@@ -383,7 +383,7 @@ def test_load_errors_still_name_the_reward():
 
 
 def test_default_workers_share_the_cores(monkeypatch):
-    from hf_grpo.workers import default_num_workers
+    from hf_grpo.base.workers import default_num_workers
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -490,13 +490,13 @@ def test_a_reward_that_kills_the_fork_server_does_not_stop_training(pool):
 
 
 def test_the_worker_pool_runs_any_function_without_the_rewards():
-    """``hf_grpo.workers`` is a layer below the rewards: it imports none of them and runs any picklable function."""
+    """``hf_grpo.base.workers`` is a layer below the rewards: it imports none of them and runs any picklable function."""
     import subprocess
     import sys
 
     code = """if True:
         import sys
-        from hf_grpo.workers import WorkerPool
+        from hf_grpo.base.workers import WorkerPool
         assert not [m for m in sys.modules if m.startswith("hf_grpo.rewards")]
         with WorkerPool(num_workers=1) as pool:
             done, hung = pool.map(pow, [{"base": 2, "exp": 10}, {"base": 10, "exp": 10**10}], timeout=1.0)

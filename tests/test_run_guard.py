@@ -15,9 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_grpo import run_lock
-from hf_grpo.card import CARD_FILE, CARD_MARKER
-from hf_grpo.run_files import (
+from hf_grpo.base import run_lock
+from hf_grpo.base.run_files import (
     CHECKPOINT_MANIFEST,
     EVAL_FILE,
     EVAL_RECORDS,
@@ -27,6 +26,7 @@ from hf_grpo.run_files import (
     RECIPE_FILE,
     SUMMARY_FILE,
 )
+from hf_grpo.publish.card import CARD_FILE, CARD_MARKER
 from hf_grpo.train import main as train_main
 
 from .helpers.common import REPO, run_module
@@ -125,7 +125,7 @@ def test_a_run_stopped_in_its_last_evaluation_resumes_into_what_it_lacks(finishe
 def test_the_report_finishes_a_run_stopped_in_its_last_evaluation(finished_run, run_dir):
     finished = json.loads((finished_run / EVAL_FILE).read_text())
     kept = stopped_in_its_last_evaluation(run_dir)
-    result = run_module("hf_grpo.evaluation.report", str(run_dir), timeout=300)
+    result = run_module("hf_grpo.report", str(run_dir), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the run lacks its after-evaluation; finishing it: " in result.stderr
     assert_finished_without_training(run_dir, kept, finished)
@@ -251,8 +251,8 @@ def test_a_lock_with_my_pid_on_another_host_is_another_run(tmp_path):
 
 def test_the_launcher_checks_the_lock_before_starting_anything(tmp_path):
     """``python -m hf_grpo.train`` with several processes checks through ``resume_target`` before the launch."""
-    from hf_grpo.pipeline import resume_target
     from hf_grpo.recipe import RecipeError
+    from hf_grpo.run.pipeline import resume_target
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

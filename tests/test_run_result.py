@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hf_grpo import pipeline
-from hf_grpo.evaluation import report
-from hf_grpo.results import RunResult
-from hf_grpo.run_files import EVAL_FILE, HISTORY_FILE, RECIPE_FILE, SUMMARY_FILE
+from hf_grpo import report as report_command
+from hf_grpo.base.run_files import EVAL_FILE, HISTORY_FILE, RECIPE_FILE, SUMMARY_FILE
+from hf_grpo.publish.run_result import RunResult
+from hf_grpo.run import pipeline
 from hf_grpo.train import train
 
 
@@ -89,9 +89,9 @@ def test_report_command_rebuilds_the_outputs(tiny_run, tmp_path, capsys):
     written = {name: (out / name).read_text() for name in (SUMMARY_FILE, "README.md")}
     for name in written:
         (out / name).unlink()
-    assert report.main([str(out)]) == 0
+    assert report_command.main([str(out)]) == 0
     assert {name: (out / name).read_text() for name in written} == written
-    assert report.main([str(out / "missing")]) == 2
+    assert report_command.main([str(out / "missing")]) == 2
     (out / RECIPE_FILE).write_text("a: [unclosed\n")
-    assert report.main([str(out)]) == 2
+    assert report_command.main([str(out)]) == 2
     assert "is not valid YAML" in capsys.readouterr().err

@@ -11,9 +11,7 @@ import shutil
 
 import pytest
 
-from hf_grpo.evaluation.tasks import TaskEvaluator
-from hf_grpo.hub import run_problem
-from hf_grpo.run_files import (
+from hf_grpo.base.run_files import (
     EVAL_FILE,
     EVAL_RECORDS,
     HISTORY_FILE,
@@ -21,6 +19,8 @@ from hf_grpo.run_files import (
     WATCH_STATE,
     run_state,
 )
+from hf_grpo.evaluation.tasks import TaskEvaluator
+from hf_grpo.publish.hub import run_problem
 from hf_grpo.train import main
 
 from .helpers.common import run_module
@@ -86,7 +86,7 @@ def test_a_run_stopped_while_its_kept_adapter_was_evaluated_finishes_with_that_a
 def test_hf_grpo_report_finishes_it_the_same_way(kept_interrupted, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(kept_interrupted[0], out)
-    result = run_module("hf_grpo.evaluation.report", str(out), timeout=300)
+    result = run_module("hf_grpo.report", str(out), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the run lacks its after-evaluation; finishing it: " in result.stderr
     assert (out / "adapter_model.safetensors").read_bytes() == kept_interrupted[1]
@@ -126,8 +126,8 @@ def test_a_finding_after_training_leaves_the_run_trained(tmp_path, monkeypatch, 
     """A finding at the look after training came after `train_runtime` in training_history.json, where finishing
     looked for the end of training: killed while writing its outputs, a run without checkpoints was trained again
     from step 0 by its resume."""
-    from hf_grpo import pipeline
-    from hf_grpo.watch import RunWatch
+    from hf_grpo.monitoring.run_watch import RunWatch
+    from hf_grpo.run import pipeline
 
     argv = [*QUICK, "--warm_start_steps", "20", "--max_steps", "2", "--task_eval_steps", "0"]
     out = tmp_path / "run"
@@ -155,7 +155,7 @@ def test_a_finding_after_training_leaves_the_run_trained(tmp_path, monkeypatch, 
 def test_a_resumed_run_watches_from_the_same_step_0(tmp_path, monkeypatch, caplog):
     """The watch's state is in every checkpoint: after a kill at step 2 the resumed run compares with the step 0 it
     started from, not with its first evaluation after the resume."""
-    from hf_grpo.trainer import GRPOTrainer
+    from hf_grpo.training.trainer import GRPOTrainer
 
     argv = [*QUICK, "--warm_start_steps", "20", "--max_steps", "4", "--task_eval_steps", "1",
             "--task_eval_max_samples", "24", "--save_strategy", "steps", "--save_steps", "1"]  # fmt: skip

@@ -8,9 +8,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_grpo import dynamic_sampling as sampling
-from hf_grpo.dynamic_sampling import GroupPool, PromptStream, assemble_batch, collate_groups, keep_mask, split_groups
-from hf_grpo.trainer import leave_one_out_advantages
+from hf_grpo.training import dynamic_sampling as sampling
+from hf_grpo.training.dynamic_sampling import (
+    GroupPool,
+    PromptStream,
+    assemble_batch,
+    collate_groups,
+    keep_mask,
+    split_groups,
+)
+from hf_grpo.training.trainer import leave_one_out_advantages
 
 from .helpers.common import tiny_config
 

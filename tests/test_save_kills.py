@@ -18,9 +18,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from hf_grpo import trainer as trainer_module
-from hf_grpo.checkpoints import MANIFEST, newest_complete, resolve_resume
-from hf_grpo.tiny import build_tokenizer
+from hf_grpo.models.tiny import build_tokenizer
+from hf_grpo.training import trainer as trainer_module
+from hf_grpo.training.checkpoints import MANIFEST, newest_complete, resolve_resume
 
 from .helpers.trainers import arithmetic_train, make_trainer
 

@@ -1,4 +1,4 @@
-"""hf_grpo.selection: the reward history that decides which prompts to skip before generating them."""
+"""hf_grpo.training.prompt_selection: the reward history that decides which prompts to skip before generating them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hf_grpo.selection import PromptHistory, prompt_key
+from hf_grpo.training.prompt_selection import PromptHistory, prompt_key
 
 
 def test_the_skip_probability_rises_with_the_streak_and_never_reaches_one():

@@ -15,10 +15,10 @@ import re
 import pytest
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
-from hf_grpo.selection import Record, prompt_key
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.trainer import GRPOTrainer
-from hf_grpo.warm_start import warm_start
+from hf_grpo.models.tiny import build_model, build_tokenizer
+from hf_grpo.training.prompt_selection import Record, prompt_key
+from hf_grpo.training.trainer import GRPOTrainer
+from hf_grpo.training.warm_start import warm_start
 
 from .helpers.common import tiny_config
 from .helpers.overlap_run import make_overlap_trainer

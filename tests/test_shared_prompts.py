@@ -1,4 +1,4 @@
-"""Each distinct prompt run once for its group (hf_grpo/shared_prompts.py) gives TRL's numbers: the same
+"""Each distinct prompt run once for its group (hf_grpo/training/shared_prompts.py) gives TRL's numbers: the same
 log-probabilities, entropies and gradients as TRL's fused head on whole rows, the same samples from generate, and the
 same trained adapter."""
 
@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from hf_grpo import micro_batches, shared_prompts
+from hf_grpo.training import micro_batches, shared_prompts
 
 from .helpers.reward_scripts import alternating
 from .helpers.trainers import make_trainer
@@ -25,7 +25,7 @@ def parts():
     from peft import LoraConfig, get_peft_model
     from trl.trainer.utils import add_fused_lm_head
 
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
@@ -238,7 +238,7 @@ def test_the_head_runs_in_float32_with_cast_lm_head_to_fp32_as_trls(monkeypatch)
     does the shared forward (it ran the bf16 states through the head inside autocast, as TRL does without the cast)."""
     from trl.trainer import utils as trl_utils
 
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=32).to(torch.bfloat16)

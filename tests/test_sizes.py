@@ -10,9 +10,9 @@ import pytest
 from safetensors.numpy import save_file
 from transformers import Qwen2Config, TrainerCallback
 
-from hf_grpo import eta
 from hf_grpo.recipe import checks_env
 from hf_grpo.train import main
+from hf_grpo.training import eta
 
 from .helpers.common import REPO, run_module
 from .helpers.trainers import make_trainer
@@ -98,7 +98,7 @@ def test_a_config_that_cannot_be_read_is_skipped(tmp_path, capsys):
 
 
 def test_the_tiny_context_is_the_embedded_model_s():
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     assert checks_env.TINY_CONTEXT == build_model(build_tokenizer()).config.max_position_embeddings
 
@@ -124,9 +124,9 @@ def run_fake(monkeypatch, max_steps, seconds_per_step, steps=3):
 
 
 def test_the_estimate_names_the_steps_and_the_time(monkeypatch, caplog):
-    with caplog.at_level(logging.INFO, logger="hf_grpo.eta"):
+    with caplog.at_level(logging.INFO, logger="hf_grpo.training.eta"):
         run_fake(monkeypatch, 100_000_000_000_000_000_000_000_000_000, 3.1)
-    lines = [r for r in caplog.records if r.name == "hf_grpo.eta"]
+    lines = [r for r in caplog.records if r.name == "hf_grpo.training.eta"]
     assert len(lines) == 2, [r.getMessage() for r in lines]  # the estimate once, and the warning
     info, warning = lines
     assert info.levelno == logging.INFO
@@ -136,9 +136,9 @@ def test_the_estimate_names_the_steps_and_the_time(monkeypatch, caplog):
 
 
 def test_a_short_run_gets_no_warning(monkeypatch, caplog):
-    with caplog.at_level(logging.INFO, logger="hf_grpo.eta"):
+    with caplog.at_level(logging.INFO, logger="hf_grpo.training.eta"):
         run_fake(monkeypatch, 40, 2.0)
-    lines = [r.getMessage() for r in caplog.records if r.name == "hf_grpo.eta"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hf_grpo.training.eta"]
     assert lines == ["step 2 of 40: 2.0 s/step, about 76 s for max_steps (38 steps left)"]
 
 
@@ -157,8 +157,8 @@ def test_a_real_run_prints_the_estimate(tmp_path, caplog):
         max_completion_length=4,
         per_device_train_batch_size=8,
     )
-    with caplog.at_level(logging.INFO, logger="hf_grpo.eta"):
+    with caplog.at_level(logging.INFO, logger="hf_grpo.training.eta"):
         trainer.train()
     assert trainer.state.global_step == 3
-    lines = [r.getMessage() for r in caplog.records if r.name == "hf_grpo.eta"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hf_grpo.training.eta"]
     assert lines and lines[0].startswith("step 2 of 1000000000000: "), lines

@@ -120,7 +120,7 @@ def training_processes(mark: str, launcher: int) -> list[int]:
     return [
         pid
         for pid, command in marked_processes(mark).items()
-        if "-m hf_grpo.train" in command and "hf_grpo.crash_log" not in command and pid != launcher
+        if "-m hf_grpo.train" in command and "hf_grpo.base.crash_log" not in command and pid != launcher
     ]
 
 
@@ -131,8 +131,8 @@ def starting(mark: str, launcher: int) -> bool:
 
 
 def wrapper(mark: str) -> int:
-    """The pid of the launch's `accelerate launch` (run by hf_grpo.crash_log)."""
-    (pid,) = [pid for pid, command in marked_processes(mark).items() if "-m hf_grpo.crash_log" in command]
+    """The pid of the launch's `accelerate launch` (run by hf_grpo.base.crash_log)."""
+    (pid,) = [pid for pid, command in marked_processes(mark).items() if "-m hf_grpo.base.crash_log" in command]
     return pid
 
 

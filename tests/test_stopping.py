@@ -1,4 +1,4 @@
-"""Stop signals (``hf_grpo.stopping``): SIGINT, SIGTERM and SIGHUP end a run with status 130 wherever they land, and
+"""Stop signals (``hf_grpo.base.stopping``): SIGINT, SIGTERM and SIGHUP end a run with status 130 wherever they land, and
 a stop that Python or a library dropped is raised at the next safe point, which training and evaluation reach often.
 ``python -m hf_grpo.train`` handles them from its first line, before torch loads, and a launched one dies with the
 process that started it. Reward workers starting while a run stops leave without a traceback.
@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_grpo import stopping
+from hf_grpo.base import stopping
+from hf_grpo.base.stopping import StopSignal, handle_stop_signals
 from hf_grpo.evaluation.core import generate
-from hf_grpo.stopping import StopSignal, handle_stop_signals
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.training.trainer import GRPOTrainer
 
 from .helpers.common import REPO, run_module
 from .helpers.launching import RUN_MARK, kill_marked, loads_torch, wait_until
@@ -119,7 +119,11 @@ def test_restore_forgets_the_stop_and_puts_the_handlers_back():
     [  # argv: as Python sets sys.argv while it locates a -m module (and imports its package)
         (["/v/bin/python", "-u", "-m", "hf_grpo.train", "recipes/tiny.yaml"], ["-m", "recipes/tiny.yaml"], True),
         (["python", "-W", "ignore", "-m", "hf_grpo.train"], ["-m"], True),
-        (["python", "-m", "hf_grpo.crash_log", "out", "accelerate", "launch", "-m", "hf_grpo.train"], ["-m"], False),
+        (
+            ["python", "-m", "hf_grpo.base.crash_log", "out", "accelerate", "launch", "-m", "hf_grpo.train"],
+            ["-m"],
+            False,
+        ),
         (["python", "script.py", "-m", "hf_grpo.train"], ["script.py", "-m", "hf_grpo.train"], False),
         (["/v/bin/pytest", "tests/test_stopping.py"], ["/v/bin/pytest", "tests/test_stopping.py"], False),
     ],
@@ -137,7 +141,7 @@ def test_a_worker_starting_after_its_pool_closed_leaves_without_a_traceback():
     printed a BrokenPipeError traceback under the run's one stop line. It now leaves quietly (a subprocess: a worker
     takes a process group of its own)."""
     code = (
-        "import multiprocessing; from hf_grpo.workers import _worker_main; "
+        "import multiprocessing; from hf_grpo.base.workers import _worker_main; "
         "parent, child = multiprocessing.Pipe(); parent.close(); _worker_main(child, [], None)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
@@ -147,7 +151,7 @@ def test_a_worker_starting_after_its_pool_closed_leaves_without_a_traceback():
 FORK_SERVER_MASK = """
 import multiprocessing.forkserver, signal
 from pathlib import Path
-from hf_grpo.workers import WorkerPool
+from hf_grpo.base.workers import WorkerPool
 
 with WorkerPool(num_workers=1):
     server = multiprocessing.forkserver._forkserver._forkserver_pid

@@ -142,7 +142,7 @@ def test_report_to_wandb_trackio_tensorboard_offline(tmp_path):
 
 
 def test_project_precedence_recipe_then_environment_then_default():
-    from hf_grpo.trackers import project_for
+    from hf_grpo.monitoring.trackers import project_for
 
     both = {"WANDB_PROJECT": "w", "TRACKIO_PROJECT": "t"}
     assert project_for("trackio", {"project": "r"}, both) == project_for("wandb", {"project": "r"}, both) == "r"
@@ -156,8 +156,8 @@ def test_a_tracker_that_cannot_take_the_story_is_named_in_a_warning(tmp_path, ca
     """Each tracker that cannot take the story (no wandb run open, a tensorboard callback whose training never
     started, a trackio run with no name to reopen) gets a warning naming it and the reason; nothing is raised.
     The callbacks stand in for Transformers' (same class names and attributes): importing those takes seconds."""
-    from hf_grpo.results import RunResult
-    from hf_grpo.trackers import TrackerSetup
+    from hf_grpo.monitoring.trackers import TrackerSetup
+    from hf_grpo.publish.run_result import RunResult
 
     callbacks = [
         type("WandbCallback", (), {"_wandb": None})(),
@@ -169,7 +169,7 @@ def test_a_tracker_that_cannot_take_the_story_is_named_in_a_warning(tmp_path, ca
         state=types.SimpleNamespace(global_step=3),
         args=types.SimpleNamespace(run_name=None),
     )
-    with caplog.at_level(logging.WARNING, logger="hf_grpo.trackers"):
+    with caplog.at_level(logging.WARNING, logger="hf_grpo.monitoring.trackers"):
         TrackerSetup(tmp_path).log_story(trainer, RunResult(tmp_path))
     messages = sorted(r.getMessage() for r in caplog.records)
     assert len(messages) == 3, messages

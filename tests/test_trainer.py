@@ -13,10 +13,10 @@ from transformers import TrainerCallback
 
 from hf_grpo.config import HfGRPOConfig
 from hf_grpo.data import DataArguments, load_grpo_datasets
+from hf_grpo.models.tiny import build_model, build_tokenizer
 from hf_grpo.rewards.functions import gsm8k_correctness
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.trainer import GRPOTrainer
-from hf_grpo.warm_start import warm_start
+from hf_grpo.training.trainer import GRPOTrainer
+from hf_grpo.training.warm_start import warm_start
 
 from .helpers import reward_scripts, trainers
 from .helpers.callbacks import StopAt
@@ -98,7 +98,7 @@ def test_evaluation_time_is_not_counted_as_training_time(tiny, tmp_path, monkeyp
     forward instead of slept; training's takes no such time, so a training record holding it holds evaluation's."""
     import time
 
-    from hf_grpo import trainer as trainer_module
+    from hf_grpo.training import trainer as trainer_module
 
     eval_s, offset = 1000.0, [0.0]
     clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0])
@@ -218,9 +218,9 @@ def test_carried_groups_keep_their_generating_policy_log_probs(tiny, tmp_path):
 
 def test_the_kl_reference_runs_once_a_step_on_the_batch_and_trains_as_trls_per_round_pass(tiny, tmp_path):
     """With beta > 0 TRL runs the reference over every dynamic-sampling round, the dropped groups' too; ours runs it
-    once on the batch that trains (hf_grpo/batch_logps.py). The same run with TRL's per-round pass trains on the same
+    once on the batch that trains (hf_grpo/training/batch_logps.py). The same run with TRL's per-round pass trains on the same
     batches, the reference log-probs equal to 1e-5, and logs the same losses and KL."""
-    from hf_grpo import batch_logps
+    from hf_grpo.training import batch_logps
 
     runs = []
     for defer in (True, False):

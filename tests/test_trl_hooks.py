@@ -16,8 +16,8 @@ import transformers
 import trl
 from packaging.version import Version
 
-from hf_grpo import micro_batches
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.training import micro_batches
+from hf_grpo.training.trainer import GRPOTrainer
 
 
 def params(cls, name) -> list[str]:
@@ -200,7 +200,7 @@ def test_trainer_attributes_we_read(stock):
         assert hasattr(trainer, attribute), attribute
 
 
-# The keys of TRL's scored batch that dynamic sampling re-assembles (hf_grpo.dynamic_sampling.collate_groups), and the
+# The keys of TRL's scored batch that dynamic sampling re-assembles (hf_grpo.training.dynamic_sampling.collate_groups), and the
 # image keys it never sees (dynamic sampling and overlap refuse vision models: GRPOTrainer._text_only_problems).
 TEXT_BATCH_KEYS = {
     "prompt_ids",
@@ -271,7 +271,7 @@ def test_the_key_reader_sees_a_key_added_to_the_batch(monkeypatch):
 
 def _tiny_parts():
     from hf_grpo.data import DataArguments, load_grpo_datasets
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     train, _ = load_grpo_datasets(DataArguments(arithmetic_train_size=16, arithmetic_eval_size=4))
@@ -344,7 +344,7 @@ def scored(tmp_path_factory):
     """One generation batch scored by TRL's own _generate_and_score_completions, in training mode, with TRL computing
     old_per_token_logps itself (steps_per_generation 2 > gradient_accumulation_steps 1)."""
     from hf_grpo.config import HfGRPOConfig
-    from hf_grpo.warm_start import warm_start
+    from hf_grpo.training.warm_start import warm_start
 
     from .helpers import reward_scripts
 
@@ -365,7 +365,7 @@ def scored(tmp_path_factory):
 
 
 def test_old_logps_match_trls(scored):
-    from hf_grpo import batch_logps
+    from hf_grpo.training import batch_logps
 
     trainer, output = scored
     assert output.get("old_per_token_logps") is not None, "TRL no longer computes old log-probs in this setting"
@@ -381,8 +381,8 @@ def test_reference_logps_match_trls(policy_dir, tmp_path, reference):
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
-    from hf_grpo import batch_logps
     from hf_grpo.config import HfGRPOConfig
+    from hf_grpo.training import batch_logps
 
     from .helpers import reward_scripts
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_grpo.checkpoints import MANIFEST, newest_complete, problem
+from hf_grpo.training.checkpoints import MANIFEST, newest_complete, problem
 
 from .helpers.common import REPO
 from .helpers.launching import COMMON, RUN_MARK, free_port, kill_marked, marked_processes, wait_until

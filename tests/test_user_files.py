@@ -1,7 +1,7 @@
 """Nothing a user owns is overwritten or lost (issue 45): ``hf-grpo report``, ``hf-grpo eval --output``,
 ``hf-grpo recipes cp`` and a training run's ``output_dir`` refuse a folder or a file hf_grpo did not write, with one
 line and exit status 2 before anything loads, and the files they write go through a temporary file renamed into
-place (``hf_grpo.run_files``), so a full disk leaves the old file whole."""
+place (``hf_grpo.base.run_files``), so a full disk leaves the old file whole."""
 
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from hf_grpo import evaluate
-from hf_grpo.card import CARD_FILE, CARD_MARKER, write_local_card
-from hf_grpo.evaluation import report
-from hf_grpo.recipe import shipped
-from hf_grpo.run_files import (
+from hf_grpo import report as report_command
+from hf_grpo.base.run_files import (
     CHECKPOINT_MANIFEST,
     HISTORY_FILE,
     LOCK_FILE,
@@ -34,6 +32,9 @@ from hf_grpo.run_files import (
     VERSIONS_FILE,
     claim,
 )
+from hf_grpo.publish import report
+from hf_grpo.publish.card import CARD_FILE, CARD_MARKER, write_local_card
+from hf_grpo.recipe import shipped
 from hf_grpo.train import main as train_main
 
 from .helpers.common import REPO
@@ -107,8 +108,8 @@ def test_report_keeps_a_file_of_the_users_in_a_run(tmp_path, capsys, name):
     out = fake_run(tmp_path / "run")
     (out / name).write_text(USER_README)
     before = snapshot(out)
-    assert report.main([str(out)]) == 2
-    line = one_error(capsys.readouterr().err, "python -m hf_grpo.evaluation.report: error: ")
+    assert report_command.main([str(out)]) == 2
+    line = one_error(capsys.readouterr().err, "python -m hf_grpo.report: error: ")
     assert f"{out / name} was not written by hf_grpo" in line, line
     assert snapshot(out) == before  # no plot, no summary, no card
 
@@ -117,7 +118,7 @@ def test_report_rewrites_the_files_a_run_wrote(tmp_path):
     """The report writes the card, and a second report replaces its own."""
     out = fake_run(tmp_path / "run")
     for _ in range(2):
-        assert report.main([str(out)]) == 0
+        assert report_command.main([str(out)]) == 0
         assert CARD_MARKER in (out / CARD_FILE).read_text()
         assert (out / SUMMARY_FILE).read_text().startswith("# Training summary: run")
         assert (out / PLOT_FILE).read_bytes().startswith(b"\x89PNG")
@@ -233,8 +234,8 @@ def test_a_folder_with_the_names_a_run_writes_is_not_a_run_of_ours(tmp_path, cap
     assert train_main([TINY, "--dry-run", "--output_dir", str(folder)]) == 2
     line = one_error(capsys.readouterr().err, "hf_grpo: error: ")
     assert f"already holds files and is no run of hf_grpo (it has no {RUN_MANIFEST})" in line, line
-    assert report.main([str(folder)]) == 2
-    line = one_error(capsys.readouterr().err, "python -m hf_grpo.evaluation.report: error: ")
+    assert report_command.main([str(folder)]) == 2
+    line = one_error(capsys.readouterr().err, "python -m hf_grpo.report: error: ")
     assert f"holds no hf_grpo run (no {RUN_MANIFEST}" in line and "nothing was written" in line, line
     assert snapshot(folder) == before
 
@@ -255,7 +256,7 @@ def test_an_earlier_versions_run_gets_its_manifest_from_the_report(tmp_path):
     out.mkdir()
     (out / RECIPE_FILE).write_text(f"{RECIPE_HEADER}recipes/tiny.yaml{RECIPE_HEADER_END}\nmax_steps: 2\n")
     (out / HISTORY_FILE).write_text(json.dumps([{"step": 1, "reward": 0.25}]))
-    assert report.main([str(out)]) == 0
+    assert report_command.main([str(out)]) == 0
     manifest = json.loads((out / RUN_MANIFEST).read_text())
     assert manifest["written_by"] == "hf_grpo" and manifest["version"]
     assert (out / SUMMARY_FILE).is_file() and CARD_MARKER in (out / CARD_FILE).read_text()
@@ -330,7 +331,7 @@ def test_recipes_cp_into_a_new_folder(tmp_path, monkeypatch, capsys):
 
 def test_training_and_saving_leave_a_readme_in_the_run_as_it_is(tmp_path):
     """TRL wrote its draft card over output_dir's README.md at every checkpoint, and PEFT's save rewrote README.md
-    before the card code decided to leave it alone: neither writes one now (the run's card is hf_grpo.card's)."""
+    before the card code decided to leave it alone: neither writes one now (the run's card is hf_grpo.publish.card's)."""
     from .helpers.trainers import make_trainer
 
     out = claim(tmp_path / "run")
@@ -371,8 +372,8 @@ def test_a_damaged_run_manifest_is_one_line_naming_it(tmp_path, capsys, damage):
     assert train_main([TINY, "--dry-run", "--output_dir", str(out)]) == 2
     line = one_error(capsys.readouterr().err, "hf_grpo: error: ")
     assert str(manifest) in line and "the run's next command writes it anew" in line, line
-    assert report.main([str(out)]) == 2
-    line = one_error(capsys.readouterr().err, "python -m hf_grpo.evaluation.report: error: ")
+    assert report_command.main([str(out)]) == 2
+    line = one_error(capsys.readouterr().err, "python -m hf_grpo.report: error: ")
     assert str(manifest) in line, line
 
 

@@ -23,7 +23,7 @@ QUESTIONS = ["What is 2+3?", "Compute 7*8.", "12-5 =", "Add 40 and 2.", "9/3?"]
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from hf_grpo.tiny import build_tiny
+    from hf_grpo.training.warm_start import build_tiny
 
     model, tokenizer = build_tiny(seed=0, warm_start_steps=0)
     path = tmp_path_factory.mktemp("tiny-model")

@@ -15,11 +15,11 @@ import pytest
 import requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_grpo.generation.layout import GenerationArguments, server_command
 from hf_grpo.generation.server import VLLMServerProcess
+from hf_grpo.generation.settings import GenerationArguments, server_command
 from hf_grpo.generation.vllm_client import VLLMServerClient, VLLMServerError
 from hf_grpo.generation.vllm_install import find_vllm
-from hf_grpo.launch import free_port
+from hf_grpo.launch.launcher import free_port
 from tests.helpers.fake_vllm_server import start_in_thread
 from tests.helpers.reference import greedy, logprobs_of, make_adapter
 
@@ -38,7 +38,7 @@ IMPLEMENTATIONS = ["standin", pytest.param("vllm", marks=[pytest.mark.vllm, REAL
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The warm-started tiny model saved as 2 heads of 32 with 1 KV head (same tensors), reloaded from disk."""
-    from hf_grpo.tiny import build_tiny
+    from hf_grpo.training.warm_start import build_tiny
 
     model, tokenizer = build_tiny(seed=0, warm_start_steps=40)
     model.config.num_attention_heads, model.config.num_key_value_heads = 2, 1

@@ -26,7 +26,7 @@ import pytest
 import requests
 import torch
 
-from hf_grpo.generation.layout import GenerationArguments, server_command
+from hf_grpo.generation.settings import GenerationArguments, server_command
 from hf_grpo.vllm_standin import transport
 from hf_grpo.vllm_standin.cli import no_effect_flags, parse_args
 from hf_grpo.vllm_standin.engine import SamplingEngine, combined_digest, tensor_digest

@@ -1,4 +1,4 @@
-"""The run watch (hf_grpo/watch.py) on hand-made histories, one test per rule, its error rate on simulated runs that
+"""The run watch (hf_grpo/monitoring/run_watch.py) on hand-made histories, one test per rule, its error rate on simulated runs that
 learn nothing (benchmarks/watch_null.py's simulation), its saved state, and one tiny-model run that a finding stops:
 collapse of the reward and under the floors, hacking, forgetting, plateau, the adapter a run keeps."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_grpo.evaluation.summary import watch_markdown
-from hf_grpo.run_files import WATCH_STATE, RunFileError
-from hf_grpo.watch import FALSE_ALARM_RATE, Budget, Evaluation, RunWatch
+from hf_grpo.base.run_files import WATCH_STATE, RunFileError
+from hf_grpo.monitoring.run_watch import FALSE_ALARM_RATE, Budget, Evaluation, RunWatch
+from hf_grpo.publish.summary import watch_markdown
 
 from .helpers.common import REPO
 
@@ -191,7 +191,7 @@ def test_stop_on_degraded_ends_training_at_the_finding_and_says_what_it_saved():
 def adapter_model():
     from peft import LoraConfig, get_peft_model
 
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.models.tiny import build_model, build_tokenizer
 
     model = build_model(build_tokenizer(), hidden_size=32)
     return get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))

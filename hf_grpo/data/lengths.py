@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from ..base.progress import progress_bar
 from ..evaluation.core import prompt_token_ids
-from ..progress import progress_bar
 from .loaders import LONG_PROMPTS
 
 

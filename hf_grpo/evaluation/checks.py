@@ -16,8 +16,8 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from .. import local_models
-from ..run_files import EVAL_RECORDS, is_run_folder
+from ..base.run_files import EVAL_RECORDS, is_run_folder
+from ..models import registry as local_models
 
 
 WEIGHTS_FIX = "a save, copy or download was cut short: save, copy or download it again"

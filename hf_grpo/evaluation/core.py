@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..progress import progress_bar
+from ..base.progress import progress_bar
+from ..base.stopping import raise_if_stopped
+from ..base.workers import Result, default_num_workers
 from ..rewards import RewardArguments
 from ..rewards.functions import GRADED_REWARDS, grade_completion
 from ..rewards.grading import GRADES
 from ..rewards.wrapper import RewardPool
-from ..stopping import raise_if_stopped
-from ..workers import Result, default_num_workers
 from .stats import EVAL_GRADES
 
 
@@ -95,7 +95,7 @@ def generate(
 
     ``progress``: the count of prompts done, batch by batch, with the rate and the time left (off by default; None =
     automatic: a bar on a terminal or in a notebook, else a log line now and then; True = a bar; as in
-    ``hf_grpo.progress``). ``halve_on_oom``: a batch the accelerator has no memory for is halved (with a warning) and
+    ``hf_grpo.base.progress``). ``halve_on_oom``: a batch the accelerator has no memory for is halved (with a warning) and
     generation goes on with the smaller batch; off where processes must generate in step (ZeRO-3, FSDP).
     """
     was_training = model.training
@@ -105,7 +105,7 @@ def generate(
     with progress_bar(len(prompts), desc, enabled=progress, unit="problem", leave=False, log_lines=True) as bar:
         start = 0
         while start < len(prompts):
-            raise_if_stopped()  # a stop signal that a library dropped (hf_grpo.stopping)
+            raise_if_stopped()  # a stop signal that a library dropped (hf_grpo.base.stopping)
             chunk = [prompt_token_ids(tokenizer, p, chat_template_kwargs) for p in prompts[start : start + batch_size]]
             try:
                 texts = _generate_batch(model, tokenizer, chunk, num_return_sequences, **options)
@@ -330,7 +330,7 @@ def evaluate(
     ``grade_generations`` (worker processes of ``pool``, ``grade_timeout`` seconds each). Progress bars count the
     problems generated, then the completions graded, described as ``label`` (``before``, ``step20``...); ``progress``
     None shows them on the main process when stderr is a terminal or in a notebook (else generation logs a line now
-    and then), True forces them, False hides them (``hf_grpo.progress``).
+    and then), True forces them, False hides them (``hf_grpo.base.progress``).
     """
     prompts = list(dataset["prompt"])
     options = dict(

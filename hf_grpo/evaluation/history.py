@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..run_files import HISTORY_FILE, read_checked
+from ..base.run_files import HISTORY_FILE, read_checked
 
 
 def write_json(path: str | Path, data) -> None:

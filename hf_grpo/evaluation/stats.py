@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import NormalDist
 
-from ..run_files import EVAL_FILE, EVAL_RECORDS
+from ..base.run_files import EVAL_FILE, EVAL_RECORDS
 
 
 logger = logging.getLogger(__name__)

@@ -28,10 +28,10 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
-from ..progress import enabled_for
+from ..base.progress import enabled_for
+from ..base.run_files import EVAL_RECORDS
+from ..base.workers import default_num_workers
 from ..rewards.wrapper import IsolatedReward, RewardPool
-from ..run_files import EVAL_RECORDS
-from ..workers import default_num_workers
 from .core import DEFAULT_GRADE_TIMEOUT, MAX_GRADE_WORKERS, evaluate
 from .device import describe, eval_batch_size, model_device, place_for_generation
 from .stats import EVAL_GRADES, summarize
@@ -87,7 +87,7 @@ class TaskEvaluator:
         self.chat_template_kwargs = args.chat_template_kwargs  # prompts rendered as training renders them
         self.periodic_samples = args.task_eval_max_samples
         self.grade_timeout = grade_timeout
-        self.progress = enabled_for(args)  # bars on the main process, off with disable_tqdm (hf_grpo.progress)
+        self.progress = enabled_for(args)  # bars on the main process, off with disable_tqdm (hf_grpo.base.progress)
         self.pool = pool
         self._own_pool: RewardPool | None = None
         self.last_records: list[dict] = []  # the per-problem records of the last evaluation
@@ -137,7 +137,7 @@ class TaskEvaluator:
         if "kind" in self.dataset.column_names:  # the held-out set's own categories: the report's kinds
             for record, kind in zip(records, self.dataset.select(range(n))["kind"], strict=True):
                 record["kind"] = kind
-        self.last_records = records  # every process: the run watch reads them (hf_grpo.watch)
+        self.last_records = records  # every process: the run watch reads them (hf_grpo.monitoring.run_watch)
         summary = summarize(records)
         seconds = round(time.perf_counter() - start, 3)
         self.seconds[f"{label} (kept)" if label in self.seconds else label] = seconds
@@ -196,7 +196,7 @@ class TaskEvaluator:
 
     def callback(self, trainer, log: Callable[[object, dict[str, float]], None], on_result=None) -> TrainerCallback:
         """A callback that evaluates every ``task_eval_steps`` and logs ``{"accuracy": ...}`` with ``log(trainer,
-        metrics)`` (the run passes ``hf_grpo.trackers.log_evaluation``); ``on_result(step, records, control)``
+        metrics)`` (the run passes ``hf_grpo.monitoring.trackers.log_evaluation``); ``on_result(step, records, control)``
         then gets the per-problem records (the run watch's ``evaluated``)."""
         return _PeriodicEval(self, trainer, log, on_result)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..watchdog import ask_group_to_stop
+from ..base.watchdog import ask_group_to_stop
 from .vllm_client import VLLMServerClient, still_waiting
 
 

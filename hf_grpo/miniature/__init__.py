@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.loaders import EMBEDDED, TRL_COLUMNS, DataArguments, is_local_file, source_splits
-from ..generation.layout import GenerationArguments
+from ..generation.settings import GenerationArguments
 from ..generation.vllm_install import CPU_DISTRIBUTION, INSTALL_COMMAND, VLLMInstall
-from ..hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
-from ..launch import free_port
-from ..process_layout import read_accelerate_config, resolve_accelerate_config
+from ..launch.hardware import CPU_MIXED_PRECISION, CPU_SETTINGS, this_machine
+from ..launch.launcher import free_port
+from ..launch.processes import read_accelerate_config, resolve_accelerate_config
 from ..rewards import reward_name
 from ..vllm_standin import STANDIN_DIR, patch_trl_for_cpu
 from ..vllm_standin import activate as activate_standin

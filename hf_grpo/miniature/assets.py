@@ -30,9 +30,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..data.arithmetic import make_split
 from ..data.loaders import DataArguments, format_prompt
-from ..local_models import resolve
-from ..tiny import build_tokenizer
-from ..warm_start import warm_start
+from ..models.registry import resolve
+from ..models.tiny import build_tokenizer
+from ..training.warm_start import warm_start
 
 
 logger = logging.getLogger(__name__)

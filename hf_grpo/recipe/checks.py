@@ -12,18 +12,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import local_models
+from ..base.run_files import RunFileError, output_dir_problem
 from ..config import ModelArguments
 from ..data.files import LOCAL_BUILDERS, cut_last_line
 from ..data.loaders import TRL_COLUMNS, DataArguments, is_local_file, source_splits
 from ..data.word_problems import HELD_OUT_KINDS, HELD_OUT_SPACE
 from ..evaluation.checks import check_weights
 from ..generation.cycle import overlap_cycle
-from ..generation.layout import GenerationArguments, check_generation
-from ..process_layout import Layout
+from ..generation.settings import GenerationArguments, check_generation
+from ..launch.processes import Layout
+from ..models import registry as local_models
 from ..rewards import RewardArguments, RewardLoadError, resolve_reward, reward_name
 from ..rewards.grading import TASKS
-from ..run_files import RunFileError, output_dir_problem
 from .plan import check_rows
 from .schema import BatchPlan, RecipeError, default_of
 from .values import clipped, shown
@@ -325,7 +325,7 @@ def check_steps(values: dict, plan: BatchPlan, data: DataArguments) -> None:
     if data.resolved()["name"] in GENERATED:
         bounds.append((data.arithmetic_train_size, "arithmetic_train_size"))
     rows, key = min(bounds, default=(None, None))
-    if rows is not None:  # the rows as loaded are checked again when the data loads (hf_grpo.pipeline)
+    if rows is not None:  # the rows as loaded are checked again when the data loads (hf_grpo.run.pipeline)
         check_rows(plan, rows, f"the training data has at most {rows} rows ({key})")
 
 

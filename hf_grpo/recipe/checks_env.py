@@ -13,19 +13,19 @@ from datasets import config as datasets_config
 from huggingface_hub import constants
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
-from .. import local_models
+from ..base.hub_token import env_token, hub_timeout
 from ..config import ModelArguments
 from ..data.lengths import context_limits, prompt_budget
 from ..data.loaders import PRESETS, DataArguments, is_local_file, source_splits
 from ..evaluation.checks import check_hub_id
-from ..generation.layout import GenerationArguments
-from ..hardware import MINIATURE_HINT, hardware_problems
-from ..hub_token import env_token, hub_timeout
-from ..process_layout import Layout
+from ..generation.settings import GenerationArguments
+from ..launch.hardware import MINIATURE_HINT, hardware_problems
+from ..launch.processes import Layout
+from ..models import registry as local_models
 from .schema import RecipeError, key_defaults
 
 
-TINY_CONTEXT = 256  # max_position_embeddings of the embedded tiny model (hf_grpo.tiny.build_model)
+TINY_CONTEXT = 256  # max_position_embeddings of the embedded tiny model (hf_grpo.models.tiny.build_model)
 LONG_MAX_MODEL_LEN = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"  # vLLM's switch for a max_model_len over the model's context
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "azure_ml": "azureml-core", "flyte": "flytekit"}
 

@@ -4,7 +4,7 @@ generation, batch arithmetic, the commands a run would start, the miniature's sw
 from __future__ import annotations
 
 from ..data.loaders import TRL_COLUMNS
-from ..generation.layout import training_cpus, training_gpus
+from ..generation.settings import training_cpus, training_gpus
 from .schema import NESTED, SECTIONS, Recipe, default_of, field_index
 
 

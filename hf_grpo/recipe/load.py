@@ -9,15 +9,13 @@ from typing import Any
 
 import torch
 
-from .. import local_models
 from .. import miniature as miniatures
 from ..config import HfGRPOConfig, ModelArguments
 from ..data.loaders import DataArguments
-from ..generation.layout import GenerationArguments, trl_fields
-from ..hardware import auto_backend
-from ..launch import inside_launch
-from ..miniature import Miniature
-from ..process_layout import (
+from ..generation.settings import GenerationArguments, trl_fields
+from ..launch.hardware import auto_backend
+from ..launch.launcher import inside_launch
+from ..launch.processes import (
     LaunchArguments,
     Layout,
     loopback_host_problem,
@@ -27,6 +25,8 @@ from ..process_layout import (
     shipped_dir,
     unnamed_node_message,
 )
+from ..miniature import Miniature
+from ..models import registry as local_models
 from ..rewards import RewardArguments
 from . import checks, checks_env, schema, shipped
 from .command_line import apply_overrides, split_argv

@@ -14,9 +14,9 @@ from typing import Any
 
 from ..config import HfGRPOConfig, ModelArguments
 from ..data.loaders import DataArguments
-from ..generation.layout import GenerationArguments
+from ..generation.settings import GenerationArguments
+from ..launch.processes import LaunchArguments, Layout
 from ..miniature import Miniature
-from ..process_layout import LaunchArguments, Layout
 from ..rewards import RewardArguments
 
 

@@ -18,8 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..process_layout import shipped_dir
-from ..run_files import replacing
+from ..base.run_files import replacing
+from ..launch.processes import shipped_dir
 
 
 def shipped_recipes() -> dict[str, Path]:

@@ -1,6 +1,6 @@
 """Rewards run the way TRL calls them, each completion in a worker process with a hard timeout (``reward_isolation``).
 
-``RewardPool`` is a ``hf_grpo.workers.WorkerPool`` with the graders loaded and warm. ``isolate(fn, pool, timeout)``
+``RewardPool`` is a ``hf_grpo.base.workers.WorkerPool`` with the graders loaded and warm. ``isolate(fn, pool, timeout)``
 wraps a reward as an ``IsolatedReward`` (``IsolatedCorrectness`` for ``GRADED_REWARDS``): a completion that times
 out or raises gets no reward (``None``, which TRL skips) and is counted per reward; ``load_reward_funcs`` does this
 for every reward of a recipe. What is sent, which rewards can be isolated, an example: docs/reward_workers.md.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..workers import Result, WorkerPool
+from ..base.workers import Result, WorkerPool
 from .functions import GRADED_REWARDS, grade_completion, log_grades
 from .grading import GRADES, grade
 
@@ -39,7 +39,7 @@ DEFAULT_MAX_FAILED_CALLS = 3
 
 # Imported once by the fork server, so that every worker starts with them.
 PRELOAD = (
-    "hf_grpo.workers",
+    "hf_grpo.base.workers",
     "hf_grpo.rewards",
     "hf_grpo.rewards.functions",
     "hf_grpo.rewards.grading",

@@ -6,7 +6,7 @@ trainer side of the weight transfer), sharing ``engine``, ``validation`` and ``t
 changes nothing; visibility and ``patch_trl_for_cpu``: docs/vllm_protocol.md.
 
     from hf_grpo import vllm_standin
-    vllm_standin.activate()           # first: before anything imports vllm, trl's GRPOTrainer or hf_grpo.trainer
+    vllm_standin.activate()           # first: before anything imports vllm, trl's GRPOTrainer or hf_grpo.training.trainer
     vllm_standin.patch_trl_for_cpu()  # only for TRL's server mode with full weight sync (VLLMClient.init_communicator)
 """
 
@@ -54,7 +54,7 @@ def activate() -> Path:
             raise RuntimeError(
                 f"{name} was imported before the vLLM stand-in was activated, and TRL decides at import time "
                 "whether vllm exists: call hf_grpo.vllm_standin.activate() before importing trl's "
-                "GRPOTrainer or hf_grpo.trainer"
+                "GRPOTrainer or hf_grpo.training.trainer"
             )
     path = str(STANDIN_DIR)
     sys.path[:] = [path, *(p for p in sys.path if p != path)]

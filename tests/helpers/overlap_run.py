@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from hf_grpo.generation.server_generator import ServerGenerator
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.training.trainer import GRPOTrainer
 
 from .callbacks import StopAt
 from .common import tiny_config, tiny_lora

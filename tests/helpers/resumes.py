@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from hf_grpo.checkpoints import MANIFEST
+from hf_grpo.training.checkpoints import MANIFEST
 
 
 def complete_checkpoints(out: Path) -> list[int]:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_grpo.config import HfGRPOConfig
 from hf_grpo.data import DataArguments, load_grpo_datasets
 from hf_grpo.vllm_standin.engine import combined_digest, tensor_digest
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.training.trainer import GRPOTrainer
 
 def alternating(prompts, completions, **kwargs):
     return [float(i % 2) for i in range(len(prompts))]  # a learning signal in every group: the policy moves

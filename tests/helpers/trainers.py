@@ -10,7 +10,7 @@ from .common import tiny_config, tiny_lora
 
 @pytest.fixture(autouse=True, scope="module")  # imported by a module: before the module's own fixtures train
 def one_torch_thread():
-    """Train with one torch thread, as a run does (``hf_grpo.launch.torch_threads``): on CI's loaded 2-core machine
+    """Train with one torch thread, as a run does (``hf_grpo.launch.launcher.torch_threads``): on CI's loaded 2-core machine
     two threads each wait for a core, and these runs in this process took 3 to 4 times as long."""
     import torch
 
@@ -44,9 +44,9 @@ def make_trainer(
 ):
     """A ``GRPOTrainer`` with LoRA and ``tiny_config(output_dir, **overrides)``. Unless given: a fresh tiny model of
     ``hidden_size`` and its tokenizer, gsm8k_correctness as the reward and ``train_size`` arithmetic rows."""
-    from hf_grpo import trainer as trainer_module
+    from hf_grpo.models.tiny import build_model, build_tokenizer
     from hf_grpo.rewards.functions import gsm8k_correctness
-    from hf_grpo.tiny import build_model, build_tokenizer
+    from hf_grpo.training import trainer as trainer_module
 
     tokenizer = build_tokenizer() if tokenizer is None else tokenizer
     extra = {"generator": generator, "callbacks": callbacks, "reward_processing_classes": reward_processing_classes}

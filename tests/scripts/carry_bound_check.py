@@ -16,8 +16,8 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.trainer import GRPOTrainer
+from hf_grpo.models.tiny import build_model, build_tokenizer
+from hf_grpo.training.trainer import GRPOTrainer
 from tests.helpers.trainers import make_trainer
 from tests.scripts.check_main import run_check
 

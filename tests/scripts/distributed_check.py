@@ -14,8 +14,8 @@ import sys
 from accelerate.utils import gather_object
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.warm_start import warm_start
+from hf_grpo.models.tiny import build_model, build_tokenizer
+from hf_grpo.training.warm_start import warm_start
 from tests.helpers.reward_scripts import half_varying
 from tests.helpers.trainers import make_trainer
 from tests.scripts.check_main import run_check

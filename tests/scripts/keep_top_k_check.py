@@ -14,9 +14,9 @@ import sys
 import time
 
 from hf_grpo.data import DataArguments, load_grpo_datasets
-from hf_grpo.tiny import build_model, build_tokenizer
-from hf_grpo.trainer import GRPOTrainer
-from hf_grpo.warm_start import warm_start
+from hf_grpo.models.tiny import build_model, build_tokenizer
+from hf_grpo.training.trainer import GRPOTrainer
+from hf_grpo.training.warm_start import warm_start
 from tests.helpers.common import tiny_config, tiny_lora
 from tests.helpers.reward_scripts import alternating
 from tests.scripts.check_main import run_check

@@ -1,4 +1,4 @@
-"""Run under ``accelerate launch`` (2 CPU processes, gloo): ``hf_grpo.pipeline.agree_on_resume`` with what each
+"""Run under ``accelerate launch`` (2 CPU processes, gloo): ``hf_grpo.run.pipeline.agree_on_resume`` with what each
 process found on "its own disk", per case; rank 0 writes each case's outcome on every process to the JSON file.
 
     accelerate launch --config_file accelerate_configs/cpu.yaml -m tests.scripts.resume_agreement_check out.json DIR
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from accelerate.utils import gather_object
 
-from hf_grpo.pipeline import agree_on_resume
 from hf_grpo.recipe import RecipeError
+from hf_grpo.run.pipeline import agree_on_resume
 from tests.helpers.common import tiny_config
 from tests.scripts.check_main import run_check
 

@@ -7,7 +7,7 @@
 ``exec``: inside an ``exec`` of a string (as while an import builds a dataclass). ``callback``: inside a weakref
 callback (a module lock's, during an import), where Python prints and drops what is raised. ``bare-except``: inside
 a library's ``except:`` (datasets' fingerprinting). After the last two the program reaches a safe point
-(``hf_grpo.stopping.raise_if_stopped``), as training and evaluation do at every round and batch. ``--plain``: the
+(``hf_grpo.base.stopping.raise_if_stopped``), as training and evaluation do at every round and batch. ``--plain``: the
 control, a handler raising a plain KeyboardInterrupt (nothing remembers it) and Python's own unraisable hook.
 """
 
@@ -18,7 +18,7 @@ import signal
 import sys
 import weakref
 
-from hf_grpo.stopping import handle_stop_signals, raise_if_stopped
+from hf_grpo.base.stopping import handle_stop_signals, raise_if_stopped
 
 
 class Thing:
