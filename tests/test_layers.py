@@ -26,6 +26,7 @@ LAYERS = [
     ["train", "evaluate", "report", "push", "cli", ""],
 ]
 
+
 def modules() -> dict[str, Path]:
     """Every importable module of the package (a directory without ``__init__.py``, such as the stand-in's fake
     ``vllm`` tree, is not part of it), by dotted name relative to ``hf_grpo`` ("" is the package itself)."""

