@@ -6,7 +6,7 @@ A recipe is one flat YAML file whose keys are the fields of these classes (``hf_
   estimator and task evaluation during training (used by ``hf_grpo.training.trainer.GRPOTrainer``);
 - ``ModelArguments(trl.ModelConfig)``: model id and LoRA fields, plus the embedded tiny model's warm start;
 - ``DataArguments(trl.ScriptArguments)`` in ``hf_grpo.data``; ``RewardArguments`` in ``hf_grpo.rewards``;
-  ``LaunchArguments`` in ``hf_grpo.launch.launcher`` (accelerate config, processes, generation layout).
+  ``LaunchArguments`` in ``hf_grpo.launch.launcher.launcher`` (accelerate config, processes, generation layout).
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ class ModelArguments(ModelConfig):
         warm_start_lr (`float`, *optional*):
             Learning rate of the warm start; unset: `2e-3` where it trains an adapter or builds the tiny model, `1e-5`
             for a full fine-tune of a pretrained model (`resolved_warm_start_lr`).
+        warm_start_reference (`bool`, defaults to `False`):
+            With a KL term (`beta` > 0) and LoRA, measure it against the warm-started policy (a frozen copy of the
+            adapter after the warm start, TRL's `ref` adapter) instead of the base model, so the KL does not pull
+            GRPO back from what the warm start taught.
         warm_start_batch_size (`int`, defaults to `32`):
             Rows per warm-start step (a pretrained model's; the tiny model's are 32).
     """
@@ -67,6 +71,9 @@ class ModelArguments(ModelConfig):
         metadata={"help": "Learning rate of the warm start (unset: 2e-3 for an adapter, 1e-5 for a full fine-tune)."},
     )
     warm_start_batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
+    warm_start_reference: bool = field(
+        default=False, metadata={"help": "KL term against the warm-started policy (LoRA), not the base model."}
+    )
 
     @property
     def warm_starts_pretrained(self) -> bool:

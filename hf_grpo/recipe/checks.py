@@ -299,6 +299,17 @@ def check_trl_refusals(values: dict, model: ModelArguments, uses_vllm: bool) -> 
             raise RecipeError(f"TRL's GRPOTrainer refuses {why}")
 
 
+def check_warm_start_reference(values: dict, model: ModelArguments) -> None:
+    """``warm_start_reference`` does something only with a KL term, LoRA and a pretrained policy's warm start."""
+    beta = values.get("beta", default_of("beta"))
+    if model.warm_start_reference and not (model.use_peft and model.warm_starts_pretrained and beta > 0):
+        raise RecipeError(
+            f"warm_start_reference: true makes the KL term's reference the warm-started adapter, and this recipe has "
+            f"{'no KL term (beta 0)' if beta == 0 else 'no LoRA adapter' if not model.use_peft else 'no warm start'}"
+            ": remove the key, or set beta above 0, use_peft: true and warm_start_steps above 0 (a pretrained model)"
+        )
+
+
 def check_intervals(values: dict) -> None:
     """A ``*_strategy: steps`` needs a positive interval (``0`` makes transformers divide by zero mid-run)."""
     for key, strategy_key in INTERVALS.items():

@@ -50,6 +50,8 @@ def train_and_evaluate(recipe: Recipe, trainer, evaluator, resume: str | None, o
         warm_start_policy(trainer, recipe.model)
         if trainer.accelerator.is_main_process and hasattr(trainer.model, "peft_config"):  # for `hf-grpo eval`
             trainer.model.save_pretrained(Path(args.output_dir) / WARM_START_DIR)
+    if recipe.model.warm_start_reference and finishing is None:
+        reference_from_warm_start(trainer, resumed=resume is not None)
     if warm and before_after:  # the warm-started policy on every problem: what GRPO itself added is after - this
         records["warm_start"] = evaluate(evaluator, trainer, "warm_start", recorded=again, fresh=not again)
     start = records.get("warm_start") if warm else records.get("before")
@@ -94,6 +96,18 @@ def evaluate(evaluator, trainer, label: str, recorded: bool = False, fresh: bool
         return None
     evaluator.run(trainer.model, trainer.processing_class, label=label, trainer=trainer)
     return evaluator.last_records
+
+
+def reference_from_warm_start(trainer, resumed: bool) -> None:
+    """The KL term's reference: the warm-started adapter, frozen (``warm_start_reference``); a resumed run reads it
+    from the run's ``warm_start/``."""
+    from safetensors.torch import load_file
+
+    from .warm_start import freeze_as_reference  # torch: loaded when a run starts, not for --help
+
+    saved = Path(trainer.args.output_dir) / WARM_START_DIR / "adapter_model.safetensors"
+    freeze_as_reference(trainer.model, load_file(str(saved)) if resumed else None)
+    logger.info("the KL term's reference is the warm-started policy (a frozen copy of its adapter)")
 
 
 def train(trainer, on_failure, resume: str | None) -> None:

@@ -170,6 +170,25 @@ def warm_start_policy(trainer, model_args) -> list[float]:
     return losses
 
 
+def freeze_as_reference(model, weights: dict | None = None) -> None:
+    """Make a frozen copy of ``model``'s LoRA adapter the KL term's reference: TRL's ``ref`` adapter, which TRL makes
+    for a pretrained adapter and its reference pass switches to (``warm_start_reference``). The copy holds the
+    adapter's weights now (after the warm start), or ``weights`` (the warm start's, saved: a resumed run)."""
+    from peft import set_peft_model_state_dict
+
+    if "ref" not in model.peft_config:
+        model.add_adapter("ref", model.peft_config["default"])
+    if weights is None:
+        for name, param in model.named_parameters():
+            if ".default." in name:
+                model.get_parameter(name.replace(".default.", ".ref.")).data.copy_(param.data)
+    else:
+        set_peft_model_state_dict(model, weights, adapter_name="ref")
+    for name, param in model.named_parameters():
+        if ".ref." in name:
+            param.requires_grad_(False)
+
+
 def build_tiny(seed: int = 0, warm_start_steps: int = 0):
     """The tiny model and its tokenizer in one call, optionally warm-started."""
     tokenizer = build_tokenizer(seed=seed)

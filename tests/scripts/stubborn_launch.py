@@ -1,4 +1,4 @@
-"""Run ``hf_grpo.launch.launcher.run_launcher`` over a stand-in training launch whose worker ignores SIGINT and SIGTERM (as a
+"""Run ``hf_grpo.launch.launcher.launcher.run_launcher`` over a stand-in training launch whose worker ignores SIGINT and SIGTERM (as a
 worker stuck in a collective or a long generation does), with 2 s stop grace periods. The test signals this process
 and then looks for the worker.
 
@@ -14,7 +14,7 @@ import argparse
 import sys
 from types import SimpleNamespace
 
-from hf_grpo.launch import launcher as launch
+from hf_grpo.launch.launcher import launcher as launch
 
 
 # "accelerate": starts a worker, then waits for it; the worker ignores the polite signals and sleeps
