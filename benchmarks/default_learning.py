@@ -12,7 +12,7 @@ Each run is a fresh process in a fresh working directory, so the recipe's relati
 - ``python``: ``HF_HUB_OFFLINE=1 python -m hf_grpo.train`` (this interpreter), same arguments.
 
 ``--threads unset`` leaves ``OMP_NUM_THREADS`` out of the environment (torch then computes with 1 thread,
-``hf_grpo.launch.launcher.launcher.torch_threads``); ``--threads 2`` sets ``OMP_NUM_THREADS=2``, which both commands honour.
+``hf_grpo.launch.launcher.torch_threads``); ``--threads 2`` sets ``OMP_NUM_THREADS=2``, which both commands honour.
 Different thread counts, like different CPUs, can take different floating-point paths (on a 2-core AVX2 machine with
 torch 2.13, 1 and 2 threads gave identical numbers); different seeds change the model's initialization, the data
 and the sampling, so they move the run much further.
@@ -44,8 +44,8 @@ from pathlib import Path
 import yaml
 
 from hf_grpo.evaluation.stats import gain_from_run
-from hf_grpo.launch.launcher.launcher import resolve_program
-from hf_grpo.launch.launcher.processes import shipped_dir
+from hf_grpo.launch.launcher import resolve_program
+from hf_grpo.launch.processes import shipped_dir
 
 
 GAIN_BAR, LOW_BAR, SECONDS_BAR = 0.20, 0.10, 300.0

@@ -203,7 +203,7 @@ def build_ours(recipe):
 def child_main(spec_file: str) -> None:
     import logging
 
-    from hf_grpo.launch.launcher.launcher import apply_thread_policy
+    from hf_grpo.launch.launcher import apply_thread_policy
     from hf_grpo.recipe import apply_env, load_recipe
 
     spec = json.loads(Path(spec_file).read_text())
@@ -345,7 +345,7 @@ def run_arm(arm: str, ctx: dict, args) -> dict:
         spec.write_text(json.dumps({"arm": arm, "argv": arm_argv, "out": str(result_file)}))
         command, env = [sys.executable, __file__, "--child", str(spec)], {**ctx["env"], **ctx["recipe"].env}
     else:
-        from hf_grpo.launch.launcher.launcher import free_port
+        from hf_grpo.launch.launcher import free_port
 
         overlap = "true" if arm == "vllm_overlap" else "false"
         gen = ["--generation.backend", "vllm_server", "--generation.overlap", overlap, "--generation.port"]

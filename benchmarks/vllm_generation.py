@@ -58,7 +58,7 @@ from hf_grpo.data import load_grpo_datasets
 from hf_grpo.evaluation.core import prompt_token_ids
 from hf_grpo.generation.server_generator import request_seed
 from hf_grpo.generation.vllm_client import VLLMServerClient
-from hf_grpo.launch.launcher.processes import shipped_dir
+from hf_grpo.launch.processes import shipped_dir
 from hf_grpo.models.tiny import build_model, build_tokenizer
 from hf_grpo.recipe import load_recipe
 from hf_grpo.rewards import grade

@@ -6,7 +6,7 @@ A recipe is one flat YAML file whose keys are the fields of these classes (``hf_
   estimator and task evaluation during training (used by ``hf_grpo.training.trainer.GRPOTrainer``);
 - ``ModelArguments(trl.ModelConfig)``: model id and LoRA fields, plus the embedded tiny model's warm start;
 - ``DataArguments(trl.ScriptArguments)`` in ``hf_grpo.data``; ``RewardArguments`` in ``hf_grpo.rewards``;
-  ``LaunchArguments`` in ``hf_grpo.launch.launcher.launcher`` (accelerate config, processes, generation layout).
+  ``LaunchArguments`` in ``hf_grpo.launch.launcher`` (accelerate config, processes, generation layout).
 """
 
 from __future__ import annotations

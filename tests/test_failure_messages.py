@@ -18,7 +18,7 @@ from hf_grpo import train
 from hf_grpo.base import crash_log
 from hf_grpo.base.crash_log import resume_command
 from hf_grpo.generation.server import VLLMServerProcess
-from hf_grpo.launch.launcher.launcher import free_port
+from hf_grpo.launch.launcher import free_port
 from hf_grpo.rewards.wrapper import RewardFailedError
 
 from .helpers.common import REPO

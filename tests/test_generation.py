@@ -119,7 +119,7 @@ def test_generation_section_errors(args, message):
 )
 def test_dry_run_prints_the_server_and_training_commands(recipe, server_part, train_part, capsys, monkeypatch):
     monkeypatch.setattr(
-        "hf_grpo.launch.launcher.launcher.find_vllm", lambda: VLLMInstall("vllm", "0.30.0")
+        "hf_grpo.launch.launcher.find_vllm", lambda: VLLMInstall("vllm", "0.30.0")
     )  # a GPU machine's vLLM
     assert main([f"recipes/{recipe}", "--dry-run"]) == 0
     out = capsys.readouterr().out

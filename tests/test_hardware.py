@@ -7,9 +7,9 @@ import time
 import pytest
 
 from hf_grpo.generation.settings import GenerationArguments
-from hf_grpo.launch.launcher.hardware import CPU_SETTINGS, Machine, hardware_problems, this_machine
-from hf_grpo.launch.launcher.launcher import needs_launcher
-from hf_grpo.launch.launcher.processes import Layout, accelerate_command
+from hf_grpo.launch.hardware import CPU_SETTINGS, Machine, hardware_problems, this_machine
+from hf_grpo.launch.launcher import needs_launcher
+from hf_grpo.launch.processes import Layout, accelerate_command
 from hf_grpo.recipe import RecipeError, load_recipe
 
 from .helpers.common import REPO, run_module

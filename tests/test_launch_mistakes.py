@@ -20,9 +20,9 @@ import time
 import pytest
 
 from hf_grpo.generation.settings import GenerationArguments
-from hf_grpo.launch.launcher.hardware import Machine, hardware_problems
-from hf_grpo.launch.launcher.launcher import STOP_GRACE_S
-from hf_grpo.launch.launcher.processes import Layout, main_port_problem
+from hf_grpo.launch.hardware import Machine, hardware_problems
+from hf_grpo.launch.launcher import STOP_GRACE_S
+from hf_grpo.launch.processes import Layout, main_port_problem
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from hf_grpo.launch.launcher.launcher import free_port
+from hf_grpo.launch.launcher import free_port
 from hf_grpo.train import main
 from hf_grpo.training.checkpoints import MANIFEST, problem
 

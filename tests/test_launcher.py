@@ -33,7 +33,7 @@ from .helpers.launching import (
 
 
 def test_launcher_finds_programs_beside_python_or_names_the_missing_one(monkeypatch):
-    from hf_grpo.launch.launcher.launcher import ProgramNotFound, resolve_program
+    from hf_grpo.launch.launcher import ProgramNotFound, resolve_program
 
     monkeypatch.setenv("PATH", "/nonexistent")  # a venv used as .venv/bin/python without activating it
     resolved = resolve_program(["accelerate", "launch", "-m", "hf_grpo.train"])

@@ -16,8 +16,8 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets, source_splits
-from hf_grpo.launch.launcher.hardware import this_machine
-from hf_grpo.launch.launcher.launcher import plan_commands
+from hf_grpo.launch.hardware import this_machine
+from hf_grpo.launch.launcher import plan_commands
 from hf_grpo.miniature.assets import (
     GSM8K,
     MATH,
@@ -282,7 +282,7 @@ def test_miniatures_fit_a_one_gpu_machine(recipe, monkeypatch):
     """On a GPU machine a miniature trains on the GPUs it has (here one) and its stand-in server takes none."""
     from hf_grpo import miniature
     from hf_grpo.launch.launcher import hardware
-    from hf_grpo.launch.launcher.hardware import Machine
+    from hf_grpo.launch.hardware import Machine
 
     one_gpu = Machine(cuda_devices=1, bf16=True, packages=frozenset({"deepspeed"}))
     monkeypatch.setattr(hardware, "this_machine", lambda: one_gpu)

@@ -9,8 +9,8 @@ import socket
 import pytest
 import torch
 
-from hf_grpo.launch.launcher.launcher import MAIN_NODE_PLACEHOLDER, node_commands, plan_commands
-from hf_grpo.launch.launcher.processes import loopback_host_problem
+from hf_grpo.launch.launcher import MAIN_NODE_PLACEHOLDER, node_commands, plan_commands
+from hf_grpo.launch.processes import loopback_host_problem
 from hf_grpo.recipe import RecipeError, load_recipe
 from hf_grpo.train import main
 from hf_grpo.training.checkpoints import listing, problem, write_manifest

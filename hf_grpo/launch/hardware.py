@@ -148,7 +148,7 @@ def hardware_problems(
     """Every way this machine cannot run the recipe as written; each message names the setting and the fix.
 
     ``values`` are the recipe's explicit keys, ``defaults`` the defaults of the others; ``layout`` is the resolved
-    ``hf_grpo.launch.launcher.processes.Layout`` and ``generation`` the ``GenerationArguments``. ``vllm_standin``: a miniature, whose
+    ``hf_grpo.launch.processes.Layout`` and ``generation`` the ``GenerationArguments``. ``vllm_standin``: a miniature, whose
     CPU stand-ins take the place of vLLM (its engine and its server). The rules: the tables at the end.
     """
     run = Run(values, defaults, layout, generation, machine or this_machine(), vllm_standin)
@@ -162,7 +162,7 @@ class Run:
 
     values: dict
     defaults: dict
-    layout: Any  # hf_grpo.launch.launcher.processes.Layout
+    layout: Any  # hf_grpo.launch.processes.Layout
     generation: Any  # hf_grpo.generation.settings.GenerationArguments
     machine: Machine
     vllm_standin: bool  # a miniature: CPU stand-ins take the place of vLLM's engine and server

@@ -1,6 +1,6 @@
 """The launcher: what ``python -m hf_grpo.train RECIPE`` starts (a vLLM server, the training launch of this
 machine), how it stops them, and the CPU thread policy every entry point shares. The layout it launches (accelerate
-config, processes, machines, this node) is ``hf_grpo.launch.launcher.processes``'s."""
+config, processes, machines, this node) is ``hf_grpo.launch.processes``'s."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def plan_commands(recipe, argv: list[str], every_node: bool = False) -> list[Com
         argv_of_rank = accelerate_command(recipe.layout, train_argv, [*mini.accelerate_args, *flags])
         if (
             gen.starts_server() and gen.cpus is not None
-        ):  # the cores the server leaves (hf_grpo.launch.launcher.launcher.torch_threads)
+        ):  # the cores the server leaves (hf_grpo.launch.launcher.torch_threads)
             argv_of_rank = pinned(training_cpus(gen), argv_of_rank)
         commands.append(Command("train", train_env, argv_of_rank))
     return commands

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, app_class: type[ServerApp] = ServerApp, 
     """Serve as ``vllm serve`` would until SIGTERM; ``app_class``: a ``ServerApp`` with more routes (tests)."""
     args = parse_args(argv, prog or "python -m hf_grpo.vllm_standin")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # hf_grpo.launch.launcher.launcher.torch_threads' rule (OMP_NUM_THREADS, else 1), which this lower layer cannot import
+    # hf_grpo.launch.launcher.torch_threads' rule (OMP_NUM_THREADS, else 1), which this lower layer cannot import
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
     torch.set_num_threads(max(int(threads), 1) if threads.isdigit() else 1)
     notes = no_effect_flags(args)

@@ -10,7 +10,7 @@ from .common import tiny_config, tiny_lora
 
 @pytest.fixture(autouse=True, scope="module")  # imported by a module: before the module's own fixtures train
 def one_torch_thread():
-    """Train with one torch thread, as a run does (``hf_grpo.launch.launcher.launcher.torch_threads``): on CI's loaded 2-core machine
+    """Train with one torch thread, as a run does (``hf_grpo.launch.launcher.torch_threads``): on CI's loaded 2-core machine
     two threads each wait for a core, and these runs in this process took 3 to 4 times as long."""
     import torch
 

@@ -1,4 +1,4 @@
-"""Run ``hf_grpo.launch.launcher.launcher.run_launcher`` over a stand-in training launch whose worker ignores SIGINT and SIGTERM (as a
+"""Run ``hf_grpo.launch.launcher.run_launcher`` over a stand-in training launch whose worker ignores SIGINT and SIGTERM (as a
 worker stuck in a collective or a long generation does), with 2 s stop grace periods. The test signals this process
 and then looks for the worker.
 
