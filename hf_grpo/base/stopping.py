@@ -38,9 +38,7 @@ from collections.abc import Callable
 # SIGHUP is a stop like SIGTERM (where the platform has it); all three end a run the same way, with status 130
 STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 STOP_STATUS = 130
-LAUNCHED_ENV = (
-    "HF_GRPO_LAUNCHED"  # set by the launcher (hf_grpo.launch.launcher) for the training processes it starts
-)
+LAUNCHED_ENV = "HF_GRPO_LAUNCHED"  # set by the launcher (hf_grpo.launch.launcher) for the training processes it starts
 PARENT_ENV = (
     "HF_GRPO_LAUNCH_PID"  # the pid of the process that starts the training processes (hf_grpo.base.crash_log's)
 )
