@@ -2,7 +2,7 @@
 
     hf-grpo train RECIPE.yaml [--key value ...] [--dry-run] [--miniature]   # = python -m hf_grpo.train
     hf-grpo eval OUTPUT_DIR [--output per_example.jsonl ...]                # = python -m hf_grpo.evaluate
-    hf-grpo push OUTPUT_DIR me/name [--merged]                              # = python -m hf_grpo.push
+    hf-grpo push OUTPUT_DIR me/name [--merged]                              # = python -m hf_grpo.publish.hub
     hf-grpo report OUTPUT_DIR                                               # = python -m hf_grpo.report
     hf-grpo recipes ls | cp NAME [DEST]                                     # the shipped recipes, by name
 
@@ -22,8 +22,8 @@ COMMANDS = {
     "train": ("hf_grpo.train", "train a policy with GRPO from a YAML recipe (python -m hf_grpo.train)"),
     "eval": ("hf_grpo.evaluate", "evaluate a model or a run's adapter on a math dataset (python -m hf_grpo.evaluate)"),
     "push": (
-        "hf_grpo.push",
-        "push a finished run with its model card to the Hugging Face Hub (python -m hf_grpo.push)",
+        "hf_grpo.publish.hub",
+        "push a finished run with its model card to the Hugging Face Hub (python -m hf_grpo.publish.hub)",
     ),
     "report": ("hf_grpo.report", "rebuild a finished run's training_curves.png, summary.md and model card"),
     "recipes": ("hf_grpo.recipe.shipped", "list the shipped recipes, or copy one to edit (ls | cp NAME [DEST])"),

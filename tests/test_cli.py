@@ -1,7 +1,7 @@
 """The ``hf-grpo`` console command: subcommands, help that names itself, the modules unchanged.
 
 ``hf-grpo train|eval|push|report`` call the ``main(argv, prog)`` of ``hf_grpo.train``, ``hf_grpo.evaluate``,
-``hf_grpo.push`` and ``hf_grpo.report``; ``python -m hf_grpo.train`` keeps its own name in its help.
+``hf_grpo.publish.hub`` and ``hf_grpo.report``; ``python -m hf_grpo.train`` keeps its own name in its help.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import yaml
 from huggingface_hub import ModelCard, constants
 from safetensors.torch import load_file, save_file
 
-from hf_grpo import push
 from hf_grpo.base import run_files
 from hf_grpo.publish import hub
 from hf_grpo.publish.summary import eval_table
@@ -204,7 +203,7 @@ def test_cli_push_in_a_subprocess(run_dir):
     with start_fake_hub(token=TOKEN) as server:
         env = {"HF_ENDPOINT": server.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0"}
         result = run_module(
-            "hf_grpo.push",
+            "hf_grpo.publish.hub",
             str(run_dir),
             "tester/cli-run",
             "--public",
@@ -271,7 +270,7 @@ def test_refuses_to_push_a_file_holding_a_token(run_dir, tmp_path, fake_hub, cas
     assert not _leaks(message) and "Ab1Ab1" not in message
     assert fake_hub.requests == []  # refused before anything was sent
 
-    assert push.main([str(run_copy), REPO]) == 2
+    assert hub.main([str(run_copy), REPO]) == 2
     err = capsys.readouterr().err
     assert culprit in err and not _leaks(err)
     assert fake_hub.requests == []
@@ -352,9 +351,9 @@ def test_cli_user_errors_exit_2(run_dir, tmp_path, fake_hub, monkeypatch, capsys
         target, extra = str(run_files.claim(tmp_path / "full")), ["--merged"]
         for name in ("config.json", "model.safetensors"):
             shutil.copy(run_dir / "base_model" / name, target)
-    assert push.main([target, repo, *extra]) == 2
+    assert hub.main([target, repo, *extra]) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("python -m hf_grpo.push: error: ") and expected in captured.err
+    assert captured.err.startswith("python -m hf_grpo.publish.hub: error: ") and expected in captured.err
     assert captured.err.count("\n") == 1  # one line
     assert "Traceback" not in captured.err and not _leaks(captured.err)
     assert fake_hub.requests == []
@@ -363,7 +362,7 @@ def test_cli_user_errors_exit_2(run_dir, tmp_path, fake_hub, monkeypatch, capsys
 @pytest.mark.slow  # a subprocess; test_cli_user_errors_exit_2's no-token case checks the same message in-process
 def test_cli_without_token_in_a_subprocess(run_dir):
     env = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}
-    result = run_module("hf_grpo.push", str(run_dir), REPO, env=env, timeout=60)
+    result = run_module("hf_grpo.publish.hub", str(run_dir), REPO, env=env, timeout=60)
     assert result.returncode == 2
     assert "export HF_TOKEN" in result.stderr and "Traceback" not in result.stderr
 
@@ -374,7 +373,7 @@ def test_hub_refusal_exits_1_without_the_token(run_dir, fake_hub, monkeypatch, c
     with pytest.raises(hub.HubPushError) as info:
         hub.push(run_dir, REPO)
     assert "401" in str(info.value) and wrong not in str(info.value)
-    assert push.main([str(run_dir), REPO]) == 1
+    assert hub.main([str(run_dir), REPO]) == 1
     err = capsys.readouterr().err
     assert "401" in err and wrong not in err and not _leaks(err)
     assert all(r.headers["authorization"] == f"Bearer {wrong}" for r in fake_hub.requests)

@@ -12,7 +12,6 @@ import pytest
 from huggingface_hub import constants, get_session
 from safetensors.numpy import save_file
 
-from hf_grpo import push
 from hf_grpo.publish import hub
 
 from .helpers.fake_hub import start_fake_hub, start_silent_hub, write_run
@@ -43,9 +42,11 @@ def fake_hub(hub_env):
 
 def _one_error_line(capsys) -> str:
     err = capsys.readouterr().err
-    assert err.startswith("python -m hf_grpo.push: error: ") and err.count("\n") == 1 and err.endswith("\n"), err
+    assert err.startswith("python -m hf_grpo.publish.hub: error: ") and err.count("\n") == 1 and err.endswith("\n"), (
+        err
+    )
     assert TOKEN not in err
-    return err[len("python -m hf_grpo.push: error: ") : -1]
+    return err[len("python -m hf_grpo.publish.hub: error: ") : -1]
 
 
 def test_a_finished_run_written_by_the_helper_is_pushed(tmp_path, fake_hub):
@@ -60,7 +61,7 @@ def test_refuses_a_folder_that_is_no_run_of_hf_grpo(tmp_path, fake_hub, capsys):
     plain = write_run(tmp_path / "peft-run", manifest=False)
     (plain / "README.md").write_text("# My adapter\n")
     (plain / "eval_results.json").write_text(json.dumps({"eval_loss": 1.0}))
-    assert push.main([str(plain), REPO]) == 2
+    assert hub.main([str(plain), REPO]) == 2
     assert _one_error_line(capsys) == (
         f"{plain} is not a run of hf_grpo (it has no hf_grpo_run.json, the file `hf-grpo train` writes first into its "
         "output_dir): push only an output_dir that `hf-grpo train` wrote; nothing was sent"
@@ -96,7 +97,7 @@ def _unfinished(out, case: str) -> str:
 def test_refuses_a_run_that_has_not_finished(tmp_path, fake_hub, capsys, case):
     out = tmp_path / "run"
     missing = _unfinished(out, case)
-    assert push.main([str(out), REPO]) == 2
+    assert hub.main([str(out), REPO]) == 2
     line = _one_error_line(capsys)
     assert line.startswith(f"{out} is a run of hf_grpo that has not finished: {missing}"), line
     assert (
@@ -114,7 +115,7 @@ def test_a_hub_that_does_not_answer_ends_the_push_in_one_line(tmp_path, hub_env,
         hub_env.setattr(constants, "ENDPOINT", silent.url)  # a stray call of the client waits there too
         hub_env.setenv("HF_GRPO_HUB_TIMEOUT", "2")
         started = time.monotonic()
-        code = push.main([str(run), REPO])
+        code = hub.main([str(run), REPO])
         elapsed = time.monotonic() - started
         assert silent.connections  # the request did reach the server, which held it unanswered
     assert code == 1

@@ -23,7 +23,7 @@ LAYERS = [
     ["publish"],
     ["monitoring"],
     ["run"],
-    ["train", "evaluate", "report", "push", "cli", ""],
+    ["train", "evaluate", "report", "cli", ""],
 ]
 
 

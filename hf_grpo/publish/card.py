@@ -300,7 +300,7 @@ def eval_results(run: RunResult) -> list:
 def resolve_license(values: dict, license: str | None = None) -> str | None:
     """The ``license`` of the card's metadata.
 
-    ``license`` when the caller gives one (``python -m hf_grpo.push ... --license ID``). Otherwise ``apache-2.0`` for
+    ``license`` when the caller gives one (``python -m hf_grpo.publish.hub ... --license ID``). Otherwise ``apache-2.0`` for
     the embedded tiny model: hf_grpo (Apache-2.0) builds its weights from scratch and generates its data, so
     nothing else's terms apply; a model from the package index has its license pinned beside it
     (``hf_grpo.models.registry``). For any other base model the adapter or fine-tune falls under the base model's

@@ -1,55 +1,50 @@
-"""Push a finished run to the Hugging Face Hub (``push``; the command: ``hf_grpo.push``): the LoRA adapter (or
-merged weights) with a model card.
+"""Push a finished run to the Hugging Face Hub: the LoRA adapter (or merged weights) with a model card.
+
+    export HF_TOKEN=hf_...                                            # a token with write access; never in a file
+    python -m hf_grpo.publish.hub outputs/tiny me/tiny-grpo           # = hf-grpo push; the adapter, private repo
 
 One commit holds the adapter (or, for a full fine-tune or ``--merged``, the model weights and config), the tokenizer,
 the run's reports and per-problem records and ``README.md``, the model card (``hf_grpo.publish.card``); nothing
 else. Local paths are replaced by file names in what goes up (``public_files``); the token comes only from the environment, and
 every file is scanned for it before anything is sent. Only a finished run of hf_grpo is pushed (``run_problem``), and
 a Hub that does not answer ends the push after ``HF_GRPO_HUB_TIMEOUT`` seconds (60) a request (``hub_timeout``).
-What goes up and why, the token rules and ``HF_ENDPOINT``: ``docs/hub.md``.
+The command exits with 2 on a user error and 1 when the Hub refuses or does not answer. What goes up and why, the
+token rules and ``HF_ENDPOINT``: ``docs/hub.md``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
 import os
 import shlex
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..base import run_files
-from ..base.hub_token import TIMEOUT_ENV, TOKEN_SHAPE, env_token, redact
+from ..base.hub_token import TIMEOUT_ENV, env_token, redact
 from ..base.hub_token import hub_timeout as _hub_timeout
-from ..base.run_files import EVAL_FILE, EVAL_RECORDS, HISTORY_FILE, PLOT_FILE, RECIPE_FILE, SUMMARY_FILE, VERSIONS_FILE
+from ..base.run_files import RECIPE_FILE
 from .card import CARD_FILE, model_card
-from .public import public_recipe, public_value, scrub_paths
-from .run_result import ADAPTER_FILES, MODEL_SHARD, RunResult, library_versions, run_kind
+from .run_result import ADAPTER_FILES, MODEL_SHARD, RunFileError, RunResult, library_versions, run_kind
+from .uploads import (
+    MODEL_FILES,
+    HubUsageError,
+    _safetensors_header,
+    collect_files,
+    merge_adapter,
+    public_files,
+    scan_for_tokens,
+)
 
 
 logger = logging.getLogger("hf_grpo.publish.hub")
 
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-RUN_FILES = (RECIPE_FILE, EVAL_FILE, HISTORY_FILE, PLOT_FILE, SUMMARY_FILE, VERSIONS_FILE)
 DEFAULT_COMMIT_MESSAGE = "Upload GRPO-trained model (hf_grpo)"
-
-
-class HubUsageError(ValueError):
-    """Something the user can fix before a push: missing files, no token, a token inside a file, a bad repo id; the
-    CLI exits with 2 (as for a run file that does not parse, ``RunFileError``)."""
 
 
 class HubPushError(RuntimeError):
@@ -67,146 +62,6 @@ class PushResult:
     merged: bool
     files: list[str] = field(default_factory=list)  # paths in the repo, README.md included
     left_out: list[str] = field(default_factory=list)  # entries of output_dir deliberately not uploaded
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Files to upload
-
-
-def collect_files(output_dir: str | Path, *, weights: bool = True) -> tuple[dict[str, Path], list[str]]:
-    """(path in repo -> local file, left-out entries) for ``output_dir``; README.md is never taken from disk."""
-    out = Path(output_dir)
-    kind = run_kind(out)
-    names = list(TOKENIZER_FILES) + list(RUN_FILES)
-    names += sorted(p.name for p in out.glob(EVAL_RECORDS.format(label="*")))  # per-problem held-out records
-    if weights and kind == "adapter":
-        names += list(ADAPTER_FILES)
-    elif weights and kind == "model":
-        names += list(MODEL_FILES) + sorted(p.name for p in out.iterdir() if MODEL_SHARD.match(p.name))
-    files = {name: out / name for name in names if (out / name).is_file()}
-    left_out = sorted(
-        p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if p.name not in files and p.name != CARD_FILE
-    )
-    return dict(sorted(files.items())), left_out
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Local paths in the uploaded files (the rule and the helpers are hf_grpo.publish.card's)
-
-
-JSON_FILES = ("adapter_config.json", "config.json", "generation_config.json", EVAL_FILE, HISTORY_FILE, VERSIONS_FILE)
-TOP_LEVEL_JSON_FILES = ("tokenizer_config.json",)  # only top-level values: the added tokens are left as they are
-
-
-def _public_json(name: str, data: bytes) -> bytes | None:
-    try:
-        values = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # not ours to fix; the token scan still reads it
-    if name in TOP_LEVEL_JSON_FILES and isinstance(values, dict):
-        public = {k: public_value(v, nested=False) for k, v in values.items()}
-    else:
-        public = public_value(values)
-    return None if public == values else (json.dumps(public, indent=2, ensure_ascii=False) + "\n").encode()
-
-
-def public_copy(name: str, path: Path) -> bytes | None:
-    """What to upload instead of the run's file ``name`` when it names local paths; None to upload it as it is.
-
-    Rewritten: ``recipe.yaml`` (``public_recipe``), ``summary.md`` (``scrub_paths``) and the JSON files hf_grpo,
-    PEFT and transformers write (a value that is a local path becomes its file name: ``adapter_config.json``'s
-    ``base_model_name_or_path`` of the embedded tiny model is ``base_model``). Not touched: weights, the tokenizer's
-    vocabulary, the chat template and the per-problem ``eval_*.jsonl`` records (prompts, references and completions
-    as the model saw and wrote them).
-    """
-    if name in JSON_FILES or name in TOP_LEVEL_JSON_FILES:
-        return _public_json(name, path.read_bytes())
-    clean = {RECIPE_FILE: public_recipe, SUMMARY_FILE: scrub_paths}.get(name)
-    if clean is None:
-        return None
-    text = path.read_text()
-    public = clean(text)
-    return None if public == text else public.encode()
-
-
-def public_files(files: dict[str, Path]) -> dict[str, Path | bytes]:
-    """``files`` (path in repo -> local file) with the files that name local paths replaced by cleaned bytes."""
-    return {name: path if (cleaned := public_copy(name, path)) is None else cleaned for name, path in files.items()}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Secrets
-
-
-def _scan_bytes(name: str, data: bytes, token: str | None) -> None:
-    if token and len(token) >= 8 and token.encode() in data:
-        raise HubUsageError(
-            f"refusing to push: {name} contains the value of HF_TOKEN; remove it from the file (and revoke the "
-            "token if the file was ever shared), then push again"
-        )
-    if TOKEN_SHAPE.search(data):
-        raise HubUsageError(
-            f"refusing to push: {name} contains a string shaped like a Hugging Face access token (hf_ followed by "
-            "letters and digits); remove it from the file (and revoke it if it is a real token), then push again"
-        )
-
-
-def _safetensors_header(path: Path) -> bytes:
-    """The JSON header of a safetensors file (tensor names, shapes and free-form metadata), not the tensor data."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        return f.read(min(size, 100_000_000))
-
-
-def scan_for_tokens(files: dict[str, Path | bytes], token: str | None) -> None:
-    """Raise ``HubUsageError`` naming the first file holding the token or a token-shaped string.
-
-    Every file is read in full except weight files (``*.safetensors``), where only the header with its metadata is
-    read: the tensor data is numbers, and a 15 GB merged model should not be read twice.
-    """
-    for name, source in files.items():
-        if isinstance(source, bytes):
-            data = source
-        elif name.endswith(".safetensors"):
-            data = _safetensors_header(source)
-        else:
-            data = source.read_bytes()
-        _scan_bytes(name, data, token)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Merge
-
-
-def _merge_base(run: RunResult) -> str:
-    if (run.output_dir / "base_model").is_dir():
-        return str(run.output_dir / "base_model")
-    base = (run.adapter_config or {}).get("base_model_name_or_path") or run.values.get("model_name_or_path")
-    if not base or base == "tiny":
-        raise HubUsageError(
-            f"--merged needs the base model, but neither {run.output_dir}/base_model nor adapter_config.json's "
-            "base_model_name_or_path nor the recipe's model_name_or_path names it"
-        )
-    return base
-
-
-def merge_adapter(run: RunResult, save_dir: str | Path) -> Path:
-    """Load the base model and the adapter of ``run``, merge them and save the result (safetensors)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = _merge_base(run)
-    logger.info("merging the adapter into %s", base)
-    model = AutoModelForCausalLM.from_pretrained(
-        base,
-        revision=run.values.get("model_revision") if not Path(base).exists() else None,
-        dtype="auto",
-        trust_remote_code=bool(run.values.get("trust_remote_code", False)),
-    )
-    merged = PeftModel.from_pretrained(model, str(run.output_dir)).merge_and_unload()
-    save_dir = Path(save_dir)
-    merged.save_pretrained(save_dir, safe_serialization=True)
-    return save_dir
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -438,4 +293,56 @@ def _hub_errors(repo_id: str, token: str, endpoint: str, timeout: float):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Command line
+# The command line
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m hf_grpo.publish.hub") -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Push a finished hf_grpo run (adapter or merged model, with a model card) to the Hugging Face "
+        "Hub. The token is read from the HF_TOKEN environment variable only.",
+    )
+    parser.add_argument("output_dir", help="the output_dir of a finished run")
+    parser.add_argument("repo_id", help="Hub repository, e.g. me/qwen7b-grpo (created if missing)")
+    parser.add_argument("--merged", action="store_true", help="merge the LoRA adapter into its base and push that")
+    parser.add_argument("--public", action="store_true", help="create the repository public (default: private)")
+    parser.add_argument("--revision", default=None, help="branch to commit to (created if missing; default main)")
+    parser.add_argument("-m", "--message", default=DEFAULT_COMMIT_MESSAGE, help="commit message")
+    parser.add_argument(
+        "--license",
+        default=None,
+        help="license id for the card's metadata, e.g. apache-2.0 (default: apache-2.0 for the embedded tiny model, "
+        "else none: the base model's license applies and is not known offline)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    try:
+        result = push(
+            args.output_dir,
+            args.repo_id,
+            private=not args.public,
+            merged=args.merged,
+            revision=args.revision,
+            commit_message=args.message,
+            license=args.license,
+        )
+    except (HubUsageError, RunFileError) as exc:
+        print(f"{prog}: error: {redact(str(exc), env_token())}", file=sys.stderr)  # noqa: T201
+        return 2
+    except HubPushError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
+    visibility = "private" if result.private else "public"
+    what = "merged model" if result.merged else "run"
+    print(f"pushed the {what} to {result.repo_url} (revision {result.revision}; {visibility} if newly created)")  # noqa: T201
+    print(f"uploaded {len(result.files)} files:")  # noqa: T201
+    for name in result.files:
+        print(f"  {name}")  # noqa: T201
+    if result.left_out:
+        print(f"left out: {', '.join(result.left_out)}")  # noqa: T201
+    print(f"commit: {result.commit_url}")  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

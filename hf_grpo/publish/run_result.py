@@ -3,7 +3,7 @@
 ``hf_grpo.run.pipeline`` builds it after training (``RunResult.from_training``, from what the process holds) and hands
 the same object to the report, the trackers and the model card. ``RunResult.load(output_dir)`` is the one reader of
 a finished run's files, for the commands that write those outputs again (``python -m hf_grpo.report``,
-``python -m hf_grpo.push``); ``recipe.yaml`` is read with the recipe's own YAML 1.2 loader.
+``python -m hf_grpo.publish.hub``); ``recipe.yaml`` is read with the recipe's own YAML 1.2 loader.
 """
 
 from __future__ import annotations

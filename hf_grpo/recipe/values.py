@@ -267,7 +267,7 @@ RENAMED = {
     "wandb_entity": "open-r1's key: set WANDB_ENTITY in the environment",
     "wandb_run_group": "open-r1's key: set WANDB_RUN_GROUP in the environment",
     "callbacks": "open-r1's push_to_hub_revision callback: with push_to_hub: true hf_grpo pushes the adapter and its "
-    "model card once training ends (python -m hf_grpo.push pushes a run later)",
+    "model card once training ends (python -m hf_grpo.publish.hub pushes a run later)",
     "benchmarks": "open-r1's lighteval benchmarks: held-out accuracy is measured in the run (eval_dataset_name, "
     "task_eval_steps); python -m hf_grpo.evaluate scores a saved run",
     "use_liger_loss": "renamed use_liger_kernel (TRL)",
