@@ -1,20 +1,10 @@
-"""Progress bars for the waits hf_grpo adds around training: the warm start, held-out evaluations (before, every N
-steps, after, and ``python -m hf_grpo.evaluate``) and extra dynamic-sampling rounds.
-
-Every bar comes from ``progress_bar``, which applies the same rules everywhere:
-
-- ``tqdm.auto``: an ipywidgets bar in Jupyter, a text bar on stderr elsewhere;
-- the main process only (``accelerate.PartialState().is_main_process``), so a run on N processes shows one bar;
-- ``enabled=None`` (the default) shows it only where someone watches: tqdm's ``disable=None`` hides a text bar when
-  stderr is not a terminal (a log file, a pipe, captured test output), and ``tqdm.notebook`` always shows its widget;
-  ``enabled=True`` forces it on (even when stderr is redirected), ``enabled=False`` off;
-- a trainer's ``disable_tqdm`` (transformers' training argument) turns them off: ``enabled_for(args)``;
-- ``log_lines=True`` (a long wait: generating for an evaluation): where an automatic bar would not show (stderr is a
-  log file or a pipe, not a notebook), a ``ProgressLog`` logs the count, the rate and the time left every
-  ``LOG_EVERY`` seconds instead, and a last line with the total time if it logged any.
-
-tqdm reads ``TQDM_*`` environment variables (``TQDM_MININTERVAL=5``...) as defaults for its keyword arguments; an
-argument passed here wins, so ``TQDM_DISABLE`` does not switch these bars on or off: ``enabled`` does.
+"""Progress bars for the waits hf_grpo adds around training: the warm start, held-out evaluations and extra
+dynamic-sampling rounds. Every bar comes from ``progress_bar``, with the same rules: ``tqdm.auto`` (a widget in
+Jupyter, text on stderr elsewhere), on the main process only, shown only where someone watches (``enabled=None``:
+tqdm hides a text bar when stderr is not a terminal; ``True`` forces it, ``False`` and a trainer's ``disable_tqdm``
+turn it off: ``enabled_for(args)``). With ``log_lines=True`` (a long wait) where no bar shows, a ``ProgressLog`` logs
+the count, the rate and the time left every ``LOG_EVERY`` seconds instead. An argument passed here wins over tqdm's
+``TQDM_*`` variables.
 """
 
 from __future__ import annotations

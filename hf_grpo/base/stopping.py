@@ -1,26 +1,11 @@
-"""How a stop signal becomes an exception: SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped ssh session)
-raise ``StopSignal`` (a KeyboardInterrupt) in the main thread wherever it is, and ``raise_if_stopped()`` raises it
-again at the safe points of long loops (each phase of a training round, each evaluation batch), in case the first one
-was dropped.
+"""How a stop signal becomes an exception: SIGINT, SIGTERM and SIGHUP raise ``StopSignal`` (a KeyboardInterrupt) in
+the main thread wherever it is, and ``raise_if_stopped()`` raises it again at the safe points of long loops (each
+phase of a training round, each evaluation batch), since Python drops an exception raised in a weakref callback, a
+``__del__`` or a library's bare ``except:``.
 
-Python drops an exception raised where a signal can land: in a weakref callback or a ``__del__`` (a module lock's,
-during an import: "Exception ignored in ..."), and inside a library's bare ``except:`` (datasets' fingerprinting of a
-transform). A stop that landed there was lost, and the run trained on.
-
-    restore = handle_stop_signals()   # in the main thread, at the start of a run
-    try:
-        ...                           # loops call raise_if_stopped()
-    except KeyboardInterrupt:         # catches StopSignal
-        ...
-    finally:
-        restore()                     # the previous handlers; the stop is forgotten
-
-``python -m hf_grpo.train`` handles them from its first line, in ``hf_grpo/__init__`` before torch loads
-(``guard_start``): a stop while it starts (imports, the recipe's checks), before its run handles stops itself, ends
-it at once with one line and status 130. Raised there, it could land in the middle of an import and leave a module
-half-loaded (a RecursionError in numpy's ``__getattr__`` instead of the stop); nothing needs cleaning up yet. A
-launched training process also asks Linux for SIGTERM when the process that started it dies (``die_with_parent``),
-so that SIGTERM to ``accelerate launch`` in its first seconds orphans nothing.
+``python -m hf_grpo.train`` handles them from its first line, before torch loads (``guard_start``): a stop while it
+starts ends it at once with one line and status 130 (raised there, it could leave a module half-imported). A launched
+training process asks Linux for SIGTERM when the process that started it dies (``die_with_parent``).
 """
 
 from __future__ import annotations

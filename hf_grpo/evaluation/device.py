@@ -1,18 +1,11 @@
 """Where an evaluation generates, and how many problems one ``generate`` call takes.
 
-``choose_device`` is the one rule for an evaluation outside training (``hf-grpo eval``, ``hf_grpo.evaluate.
-evaluate_run`` as the notebooks call it, a ``TaskEvaluator`` run without a trainer): ``--device`` when given (``cpu``,
-``cuda`` or ``cuda:N``, checked before anything loads), else ``cuda`` when torch sees a CUDA GPU, else ``cpu``. Inside a
-training run the evaluations generate on the trainer's device (``accelerate``'s ``PartialState().device``, cuda:N on
-process N of a GPU machine): ``place_for_generation`` moves a model there that the trainer has not placed yet (under
-DeepSpeed or FSDP the trainer places it when training starts, after the evaluation before training).
-
-Batch (``eval_batch_size``): the recipe's ``per_device_eval_batch_size`` (``--batch-size`` for ``hf-grpo eval``) when
-it sets one; left at transformers' default (8), ``CPU_BATCH`` on a CPU (the batch every CPU number in docs/ was
-measured with) and ``CUDA_BATCH`` on a GPU, where one decoding step of a small model costs about the same for 8 or 64
-sequences. A batch that does not fit the GPU's memory is halved until it does (``hf_grpo.evaluation.core.generate``),
-except where the processes must generate in step (parameters sharded across them: ZeRO-3, FSDP): there only a
-smaller ``per_device_eval_batch_size`` helps.
+Outside training (``hf-grpo eval``, notebooks) ``choose_device``: ``--device`` when given, else ``cuda`` when torch
+sees a GPU, else ``cpu``. Inside a run the trainer's device: ``place_for_generation`` moves a model there that the
+trainer has not placed yet (DeepSpeed and FSDP place it when training starts). Batch (``eval_batch_size``): the
+recipe's ``per_device_eval_batch_size`` when set, else ``CPU_BATCH`` on a CPU and ``CUDA_BATCH`` on a GPU; a batch
+that does not fit the GPU is halved until it does (``evaluation.core.generate``), but where the processes generate in
+step (ZeRO-3, FSDP).
 """
 
 from __future__ import annotations

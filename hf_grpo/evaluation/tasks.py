@@ -1,19 +1,10 @@
 """Held-out task accuracy during a training run: before, every N steps, and after.
 
-``TaskEvaluator.run`` shards the held-out set across processes, generates greedily with the current policy (under
-DeepSpeed ZeRO-3 the parameters are gathered for generation, as TRL does), gathers the graded records and returns
-the summary; the main process also writes them to ``output_dir/eval_<label>.jsonl`` (one line per example).
-
-Each process generates on its accelerator (``hf_grpo.evaluation.device``): the trainer's device, where the model is
-moved if the trainer has not placed it yet (under DeepSpeed or FSDP it does so when training starts, after the
-evaluation before training), ``eval_batch_size`` problems at a time; the summary's log line names the device.
-
-Grading runs in worker processes with a hard per-completion timeout (``hf_grpo.evaluation.core``): a completion that
-math-verify cannot finish with is graded ``timeout`` and the evaluation, and the run, go on. The summary counts
-``timeout`` and ``error`` beside ``correct`` / ``wrong`` / ``unparseable``; both are not correct. The pool, in order
-of preference: the one passed to ``TaskEvaluator``; the trainer's reward pool (its isolated rewards already keep
-warm grading workers, with the recipe's ``reward_timeout``); else a small pool the evaluator starts at its first
-evaluation, keeps for the later ones and stops in ``close()`` (or when it is garbage-collected, or at exit).
+``TaskEvaluator.run`` shards the held-out set across processes, generates greedily on the trainer's device
+(``evaluation.device``; under ZeRO-3 the parameters gathered, as TRL does), gathers the graded records and returns the
+summary; the main process writes them to ``output_dir/eval_<label>.jsonl``. Grading runs in worker processes with a
+hard per-completion timeout (``evaluation.core``): a completion math-verify cannot finish is graded ``timeout``, and
+the run goes on. The pool: the one passed in, else the trainer's reward pool, else one of its own (``close()``).
 """
 
 from __future__ import annotations

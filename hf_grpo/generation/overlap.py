@@ -16,16 +16,11 @@ on it ``cycle_steps - 1`` updates later still. The bound on what any step trains
 cycle_steps - 1`` updates (``max_staleness`` with one update per generation); ``async/staleness*`` log the lag of
 every micro-batch trained on.
 
-Prompts. A cycle's first round is the batch TRL's dataloader yields for it, so an overlapped run trains on the
-same prompts, in the same order, as a synchronous run with the same seed: turning overlap on changes when a batch
-is generated and by which policy, nothing else. The dataloader is read ahead (``take``, from the trainer's
-``get_batch_samples``): when step s starts, the batches of the cycles within the staleness bound are already
-known. The first cycle of an epoch has no batch before the epoch starts, so it is generated on arrival (lag 0).
-With dynamic sampling only a cycle's first round is sent ahead; the further rounds it needs are drawn from the
-trainer's ``PromptStream`` (as synchronous runs draw them) and generated during the cycle with the current adapter
-(lag 0). Sending those ahead too (as many as the last cycle needed) was measured first: then nearly every trained
-group was one update old, and on the default task the held-out gain fell outside the synchronous run's 95% interval
-on 2 of 3 seeds (docs/generation.md has the numbers).
+Prompts. A cycle's first round is the batch TRL's dataloader yields for it (read ahead: ``take``, from the trainer's
+``get_batch_samples``), so an overlapped run trains on the same prompts, in the same order, as a synchronous one; the
+first cycle of an epoch is generated on arrival (lag 0). With dynamic sampling only a cycle's first round is sent
+ahead: the further rounds come from the trainer's ``PromptStream`` and are generated during the cycle with the
+current adapter (sending them ahead too cost held-out gain on 2 of 3 seeds: docs/generation.md).
 
 Off-policy correction. Each round carries the server's per-token log-probs of the sampled tokens (``μ_v``, the
 adapter ``v`` that generated it, after temperature: ``--logprobs-mode processed_logprobs``) and its version ``v``.
@@ -46,10 +41,8 @@ It is AReaL's decoupled PPO objective with the proximal policy ``π_old``. Carri
 ``π_old`` and weight of the step that scored them, so ``ρ_t · w_t = π_θ / μ_v`` stays right for them. Hence overlap
 needs ``vllm_importance_sampling_correction: true``.
 
-Checkpoints. ``save`` waits for the rounds in flight and writes them (``overlap_rank<r>.json``: prompt ids,
-completions, log-probs, versions); ``load`` makes them the planned rounds again, so a resumed run trains on exactly
-what the uninterrupted one would have (its dataloader, skipped to the step, yields the same batches), and sends its
-next round with the same adapter version and seeds.
+Checkpoints. ``save`` waits for the rounds in flight and writes them (``overlap_rank<r>.json``); ``load`` makes them
+the planned rounds again, so a resumed run trains on what the uninterrupted one would have.
 """
 
 from __future__ import annotations

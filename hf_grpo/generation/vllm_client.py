@@ -16,12 +16,8 @@ Usage::
     out.logprobs         # P*n lists, the logprob of each sampled token
     out.to_trl()         # the dict trl's VLLMClient.generate returns (logprobs shaped (P*n, len, 1))
 
-Server side (needs a GPU machine)::
-
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE --enable-lora --max-lora-rank 16 \\
-        --logprobs-mode processed_logprobs --host 0.0.0.0 --port 8000
-
-The protocol facts this client relies on, with where in vLLM each was read: ``docs/vllm_client_protocol.md``.
+The server's command: ``generation.settings.server_command``. The protocol facts this client relies on, with where
+in vLLM each was read: ``docs/vllm_client_protocol.md``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""What this machine can run, checked before any model loads.
-
-A recipe written for GPUs (bf16 mixed precision, FlashAttention, vLLM, 8 processes) used to load its model on a
-machine without them and then die with a library's traceback, or worse, run something else: on a CPU machine an
-FSDP config silently trained plain data parallel (accelerate has no FSDP without a GPU). ``hardware_problems`` lists
-every such mismatch as a message naming the setting and the fix; ``hf_grpo.recipe`` turns them into exit code 2.
-
-``CPU_SETTINGS`` is the one table of settings a CPU cannot run and what a miniature runs instead
-(``hf_grpo.miniature`` applies it and prints each replacement).
+"""What this machine can run, checked before any model loads: ``hardware_problems`` names every setting a recipe
+written for GPUs cannot run here (bf16, FlashAttention, vLLM, FSDP without a GPU, more processes than devices) and
+its fix; ``hf_grpo.recipe`` turns them into exit code 2. ``CPU_SETTINGS`` is the one table of what a miniature runs
+instead on a CPU.
 """
 
 from __future__ import annotations

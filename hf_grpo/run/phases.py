@@ -1,16 +1,8 @@
 """The phases of a run around ``trainer.train()``: the held-out evaluation before training, a pretrained policy's
 warm start and its own evaluation, training with the periodic evaluation and the run watch, the saved model, the
-evaluation after training, the adapter the run keeps, and ``eval_results.json``.
-
-``hf_grpo.run.pipeline.run`` calls ``train_and_evaluate`` on every process with the trainer it built. The run writes its
-phase into its manifest at each transition (``run_files.write_state``): ``trained`` once the last weights are saved,
-``kept`` once the watch's kept adapter is saved over them; a resume or ``hf-grpo report`` of a run in one of those
-phases loads those weights and the watch's saved state and does only what is left (``finishing``).
-
-The reported numbers: ``before`` (the policy as loaded), ``warm_start`` (after a pretrained policy's warm start) and
-``after``, with the paired gain of each step (``gain``: before -> after; ``gains``: before -> warm start -> after)
-and per kind. When the watch keeps an earlier adapter, chosen on the first ``task_eval_max_samples`` problems, every
-number is on the other problems only, and ``problems`` says how many chose and how many judge.
+evaluation after training, the adapter the run keeps, and ``eval_results.json`` (``reported``: before -> warm start
+-> after, each step's paired gain and kinds; with a kept adapter, on the problems that did not choose it). The run
+writes its phase into its manifest at each transition (``run_files.write_state``: ``trained``, ``kept``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Which checkpoints are complete, and which one a run resumes from.
 
-transformers writes ``checkpoint-N`` file by file, each process its own files, with no marker at the end: a run
-stopped while saving leaves a directory that ``get_last_checkpoint`` still picks, and the resume then fails after the
-model has loaded. Here, once every process has written its files (after a barrier), the main process writes a manifest,
-``hf_grpo_checkpoint.json``, last and atomically: the process count, which sampling state is in it (``FEATURES``:
-dynamic sampling, prompt selection, overlap's rounds; ``mid_cycle``: TRL's generation batch), and the size of every
-file any process wrote. A checkpoint is complete when its manifest exists and every listed file has its size: on
-nodes that do not share ``output_dir``, no node's copy is (a node where no process wrote gets the folder with the
-manifest alone).
-
-``resume_from_checkpoint: auto`` takes the newest complete checkpoint and logs the ones it skipped and why; an explicit
-path that is incomplete or damaged is an error naming the file and the newest complete checkpoint, raised before any
-model loads (a path with no manifest but with transformers' ``trainer_state.json``, from another program, is taken
-unchecked, with a warning). A checkpoint with per-process sampling state resumes only on as many processes. A sampling
-feature turned on or off since the checkpoint was saved starts fresh (or its saved state is dropped), and a generation
-batch saved by another number of processes is generated anew, each with a warning before any model loads
+transformers writes ``checkpoint-N`` file by file with no marker at the end, so a run stopped while saving leaves a
+folder ``get_last_checkpoint`` still picks. Here, once every process has written its files (after a barrier), the
+main process writes ``hf_grpo_checkpoint.json`` last, atomically: the process count, the sampling state in it
+(``FEATURES``; ``mid_cycle``: TRL's generation batch) and the size of every file; a checkpoint is complete when every
+listed file has its size. ``resume_from_checkpoint: auto`` takes the newest complete one and says which it skipped
+and why; an explicit path that is not complete is one error before any model loads (docs/recipe_format.md). A
+sampling feature turned on or off since, or another process count, starts that state fresh with a warning
 (``sampling_changes``).
 """
 

@@ -16,15 +16,9 @@ numbers and gradients are TRL's to float rounding; the gradient flows back throu
 forward (``tests/test_shared_prompts.py`` and ``tests/test_fast_path_equivalence.py`` compare both). A prompt of one
 token, or a layer under activation checkpointing (which drops its cache), takes TRL's path unchanged.
 
-``generate`` shares the prompt the same way in plain greedy decoding and sampling with one sequence per row: it
-prefills the distinct prompts once and samples every row on the indexed cache, drawing the same random numbers as
-before; and a row that has ended (its end-of-sequence token sampled) leaves the cache and the model's forward, while HF
-generate still samples a padding token for it, so the random numbers drawn, and with them every other row's tokens,
-stay the same. Beam search, several sequences per row, assisted decoding and a call with its own cache are HF's own.
-
-``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``, the default) on the policy and the reference model of
-a text-only model that is not sharded (ZeRO-3 and FSDP keep TRL's path), and calls it from
-``_get_per_token_logps_and_entropies``. Which rows share a micro-batch is ``hf_grpo.training.micro_batches``'s business.
+``generate`` shares the prompt the same way (greedy, or sampling one sequence a row, with the same random numbers);
+a row that has ended leaves the model's forward while HF still samples its padding. Beam search and the like stay HF's.
+``hf_grpo.GRPOTrainer`` installs it (``shared_prompts: true``) on an unsharded text model's policy and reference.
 """
 
 from __future__ import annotations
