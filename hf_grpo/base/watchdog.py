@@ -1,14 +1,7 @@
 """Stop a launcher's process groups when the launcher dies without stopping them itself (SIGKILL, OOM killer, crash).
 
-The launcher starts the watchdog in a session of its own, writes the id of each process group it creates to the
-watchdog's stdin, and writes ``done`` once it has stopped them all itself:
-
-    watchdog = Watchdog(grace_s=10)
-    watchdog.watch(server.pid)    # a group leader started with start_new_session: its pid is the group's id
-    ...
-    watchdog.dismiss()            # the launcher has stopped its groups; the watchdog exits, signalling nothing
-
-When the launcher dies, the kernel closes its end of the pipe and the watchdog reads end of file without ``done``:
+The launcher starts it in a session of its own, writes the id of each process group it creates to its stdin
+(``watch``), and ``done`` once it stopped them all itself (``dismiss``). When the launcher dies, the kernel closes its end of the pipe and the watchdog reads end of file without ``done``:
 it sends SIGTERM to every group, then SIGKILL to the groups that still have a process after ``grace_s``. Its own
 session keeps a terminal's Ctrl-C and the launcher's signals to its groups from reaching it, and it ignores SIGINT
 and SIGHUP. It imports nothing of hf_grpo's, so it starts at once.
