@@ -93,7 +93,7 @@ from hf_grpo.evaluation.history import write_json
 from hf_grpo.publish.report import write_report
 from hf_grpo.evaluation.tasks import TaskEvaluator
 from hf_grpo.base.run_files import EVAL_FILE
-from hf_grpo.run.phases import paired_gain_of_run
+from hf_grpo.run.phases import reported
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 out = Path(spec["output_dir"])
@@ -110,13 +110,14 @@ args = SimpleNamespace(
 dataset = Dataset.from_dict({"prompt": spec["prompts"], "solution": spec["golds"]})
 evaluator = TaskEvaluator(dataset, "math", args)  # as hf_grpo.run.pipeline.run builds it
 evaluator.grade_timeout = spec["timeout"]
-results, elapsed = {}, {}
+results, records, elapsed = {}, {}, {}
 for label in ("before", "after"):
     canned.update(zip(spec["prompts"], spec[label], strict=True))
     start = time.monotonic()
     results[label] = evaluator.run(torch.nn.Linear(1, 1), None, label=label)  # hf_grpo.run.pipeline.run's call, sans trainer
+    records[label] = evaluator.last_records
     elapsed[label] = time.monotonic() - start
-results["gain"] = paired_gain_of_run(str(out))  # then exactly what hf_grpo.run.phases does with them
+results["gain"] = reported(records)["gain"]  # then exactly what hf_grpo.run.phases does with them
 write_json(out / EVAL_FILE, results)
 write_report(out)
 pool = evaluator._own_pool

@@ -67,9 +67,10 @@ def expected_story(out) -> dict:
 
 @pytest.mark.slow  # a whole run in a subprocess with three trackers
 def test_report_to_wandb_trackio_tensorboard_offline(tmp_path):
-    """One short run with the three trackers and a held-out evaluation every step: each tracker holds the training
-    metrics, eval/accuracy (not train/eval/accuracy), the before/after result with the gain's interval, the plot,
-    the resolved recipe, under the project its environment variable names."""
+    """One short run with the three trackers and a held-out evaluation every step but the last (the evaluation after
+    training covers that one): each tracker holds the training metrics, eval/accuracy (not train/eval/accuracy), the
+    before/after result with the gain's interval, the plot, the resolved recipe, under the project its environment
+    variable names."""
     out = tmp_path / "run"
     env = {
         **os.environ,
@@ -83,7 +84,7 @@ def test_report_to_wandb_trackio_tensorboard_offline(tmp_path):
     }
     (tmp_path / "wandb").mkdir()
     cmd = [
-        sys.executable, "-m", "hf_grpo.train", "recipes/tiny.yaml", "--output_dir", str(out), "--max_steps", "2",
+        sys.executable, "-m", "hf_grpo.train", "recipes/tiny.yaml", "--output_dir", str(out), "--max_steps", "3",
         "--warm_start_steps", "10", "--per_device_train_batch_size", "16", "--arithmetic_eval_size", "8",
         "--logging_steps", "1", "--task_eval_steps", "1", "--report_to", "[wandb, trackio, tensorboard]",
         "--run_name", "tracking-test",

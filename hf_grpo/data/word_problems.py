@@ -11,7 +11,8 @@ do not matter (``word_problems``), and a held-out set whose kinds training never
 Training problems tell a story about one person's things: a count that grows (gets, finds, buys), shrinks (gives,
 eats, loses), is multiplied (packs of, rows of, each of) or shared (equally into, among), step after step, with a
 worked line per operation and ``#### N`` last, the answer format the real-model recipes ask for. A third of them carry
-a sentence whose number does not matter. The held-out kinds are written apart from them, in other sentence shapes and
+a sentence whose number does not matter; a fifth of those of two steps or more tell both in one sentence (amounts
+listed and summed, or a product taken from a count). The held-out kinds are written apart from them, in other sentence shapes and
 other worlds (prices and change, points and comparisons, teams, days): ``price`` (a unit price times a count),
 ``compare`` (how many more), ``groups`` (so many groups of so many), ``share`` (a total shared equally), ``sum_three``
 (three amounts in one sentence), ``change`` (paying with a bill for several things at one price). So a gain there is
@@ -108,6 +109,43 @@ NAMED = {
 }
 NAMED_PACKS = "{a} {pack} of {b} {item}: "  # the first line of a story that starts with packs: a * b
 
+# Two operations in one sentence (a fifth of the problems of two steps or more): amounts listed one after another,
+# summed; or a product taken from a count. The chained held-out kinds need these structures (``sum_three``,
+# ``change``); they stay written apart, in other worlds and words.
+LISTED = [
+    "{name} picks {a} {item} in the morning, {b} in the afternoon and {c} in the evening.",
+    "{name} finds {a} {item} in the garden, {b} in the shed and {c} in the attic.",
+]
+TAKEN = [
+    "{name} has {a} {item} and gives {n} friends {m} {item} each.",
+    "{name} has {a} {item} and puts {m} of them into each of {n} {pack}.",
+]
+TAKEN_QUESTION = {0: "How many {item} does {name} have left?", 1: "How many {item} are not in the {pack}?"}
+NAMED_TAKEN = "{n} {group} with {m} each: "  # the product's line of a TAKEN problem
+
+
+def _in_one_sentence(rng: random.Random, name: str, item: str, pack: str, named_lines: bool) -> dict:
+    """A problem whose two operations are told in one sentence (``LISTED``: a + b + c; ``TAKEN``: a - n * m)."""
+    if rng.random() < 0.5:
+        a, b, c = (rng.randint(2, 20) for _ in range(3))
+        sentence = rng.choice(LISTED).format(name=name, item=item, a=a, b=b, c=c)
+        question = f"How many {item} does {name} have now?"
+        named = [NAMED["+"].format(n=b), NAMED["+"].format(n=c)] if named_lines else ["", ""]
+        lines, total = [f"{named[0]}{a} + {b} = {a + b}", f"{named[1]}{a + b} + {c} = {a + b + c}"], a + b + c
+    else:
+        shape, n, m = rng.randrange(len(TAKEN)), rng.randint(2, 6), rng.randint(2, 6)
+        a = rng.randint(n * m + 1, n * m + 30)
+        sentence = TAKEN[shape].format(name=name, item=item, pack=pack, a=a, n=n, m=m)
+        question = TAKEN_QUESTION[shape].format(name=name, item=item, pack=pack)
+        group = "friends" if shape == 0 else pack
+        named = [NAMED_TAKEN.format(n=n, m=m, group=group), NAMED["-"].format(n=n * m)] if named_lines else ["", ""]
+        lines, total = [f"{named[0]}{n} * {m} = {n * m}", f"{named[1]}{a} - {n * m} = {a - n * m}"], a - n * m
+    return {
+        "question": f"{sentence} {question}",
+        "answer": "\n".join([*lines, f"#### {total}"]),
+        "solution": str(total),
+    }
+
 
 def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = False) -> dict:
     """One training problem: ``question``, ``answer`` (a worked line per operation, then ``#### N``), ``solution``;
@@ -115,6 +153,8 @@ def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = Fal
     draws from ``rng`` either way, so the problems are the same."""
     while True:
         name, item, pack = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(PACKS)
+        if max_steps >= 2 and rng.random() < 0.2:
+            return _in_one_sentence(rng, name, item, pack, named_lines)
         steps = rng.choice([n for n in (1, 1, 2, 2, 3) if n <= max_steps])
         packed = rng.random() < 0.25  # packs first: a multiplication of two numbers of the story, one of the steps
         ops = [rng.choice("+-*/") for _ in range(steps - packed)]
