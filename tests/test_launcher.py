@@ -233,7 +233,7 @@ def test_the_launchers_closing_line_claims_no_error_line_nor_logs_folder_it_has_
     ended: after a launch killed by a signal, or one whose error printed no such line, and with no logs folder."""
     from types import SimpleNamespace
 
-    from hf_grpo.launch.launcher import launcher as launch
+    from hf_grpo.launch import launcher as launch
 
     out = tmp_path / "run"
     out.mkdir()

@@ -281,8 +281,8 @@ def test_every_machine_builds_a_complete_cache_whatever_its_rank(tmp_path):
 def test_miniatures_fit_a_one_gpu_machine(recipe, monkeypatch):
     """On a GPU machine a miniature trains on the GPUs it has (here one) and its stand-in server takes none."""
     from hf_grpo import miniature
+    from hf_grpo.launch import hardware
     from hf_grpo.launch.hardware import Machine
-    from hf_grpo.launch.launcher import hardware
 
     one_gpu = Machine(cuda_devices=1, bf16=True, packages=frozenset({"deepspeed"}))
     monkeypatch.setattr(hardware, "this_machine", lambda: one_gpu)

@@ -32,7 +32,7 @@ from safetensors.numpy import save_file
 
 from hf_grpo.evaluate import main as evaluate_main
 from hf_grpo.evaluation.checks import check_model, check_weights, safetensors_problem
-from hf_grpo.launch.launcher import hardware
+from hf_grpo.launch import hardware
 from hf_grpo.models import from_gguf as local_models
 from hf_grpo.models import registry
 from hf_grpo.models.registry import PackagedModel

@@ -19,8 +19,9 @@ import pytest
 from hf_grpo.data.arithmetic import TRANSFER_KINDS, make_split, make_transfer_split, split_of
 from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
 from hf_grpo.generation.vllm_install import CPU_DISTRIBUTION, NO_VLLM, VLLMInstall
+from hf_grpo.launch import hardware
 from hf_grpo.launch.hardware import Machine, auto_backend
-from hf_grpo.launch.launcher import hardware, plan_commands, quiet, resolve_program
+from hf_grpo.launch.launcher import plan_commands, quiet, resolve_program
 from hf_grpo.models import registry as local_models
 from hf_grpo.publish.card import model_card, resolve_license
 from hf_grpo.publish.run_result import RunResult

@@ -16,7 +16,7 @@ listed and summed, or a product taken from a count). The held-out kinds are writ
 other worlds (prices and change, points and comparisons, teams, days): ``price`` (a unit price times a count),
 ``compare`` (how many more), ``groups`` (so many groups of so many), ``share`` (a total shared equally), ``sum_three``
 (three amounts in one sentence), ``change`` (paying with a bill for several things at one price). So a gain there is
-transfer, not recall, and a kind that falls says what training took away (docs/real_model.md).
+transfer, not recall, and a kind that falls says what training took away (docs/results.md).
 """
 
 from __future__ import annotations

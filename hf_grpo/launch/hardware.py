@@ -115,17 +115,17 @@ def auto_backend(generation: dict, machine: Machine | None = None) -> tuple[dict
     if machine.cuda_devices == 0 and installed.runs_on_cpu:
         why = f"{why} is installed, but {CPU_SERVER_SLOWER}; set generation.backend: vllm_server to use it anyway"
     elif installed.distribution is None and machine.cuda_devices == 0:
-        why += " (a vLLM server on a CPU measured slower than in-process generation: docs/real_model.md)"
+        why += " (a vLLM server on a CPU measured slower than in-process generation: docs/results.md, Speed)"
     elif installed.distribution is not None and installed.problem is None:
         why = f"{why}, and this machine has {machine.cuda_devices} GPU(s)"
     dropped = {k: v for k, v in generation.items() if k not in SERVER_ONLY_KEYS}
     return {**dropped, "backend": "transformers"}, f"auto: {why}: in-process generation (transformers)"
 
 
-# why `auto` keeps generation in-process on a CPU (benchmarks/real_model_speed.py, docs/real_model.md)
+# why `auto` keeps generation in-process on a CPU (benchmarks/real_model_speed.py, docs/results.md, Speed)
 CPU_SERVER_SLOWER = (
     "on a CPU a vLLM server measured 2-4x slower per step than in-process generation for the real-model recipe "
-    "(101.8 s overlapped, 191.9 s synchronous, against 48.1: docs/real_model.md)"
+    "(101.8 s overlapped, 191.9 s synchronous, against 48.1: docs/results.md)"
 )
 
 

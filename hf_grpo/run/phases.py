@@ -95,7 +95,7 @@ def reference_from_warm_start(trainer, resumed: bool) -> None:
     from the run's ``warm_start/``."""
     from safetensors.torch import load_file
 
-    from .warm_start import freeze_as_reference  # torch: loaded when a run starts, not for --help
+    from ..training.warm_start import freeze_as_reference  # torch: loaded when a run starts, not for --help
 
     saved = Path(trainer.args.output_dir) / WARM_START_DIR / "adapter_model.safetensors"
     freeze_as_reference(trainer.model, load_file(str(saved)) if resumed else None)

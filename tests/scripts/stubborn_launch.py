@@ -14,7 +14,7 @@ import argparse
 import sys
 from types import SimpleNamespace
 
-from hf_grpo.launch.launcher import launcher as launch
+from hf_grpo.launch import launcher as launch
 
 
 # "accelerate": starts a worker, then waits for it; the worker ignores the polite signals and sleeps
