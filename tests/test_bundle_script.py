@@ -1,6 +1,7 @@
-"""scripts/gpu_bundle.py, without a download: the bundle of the last build (its lock) fits the lent machine's calls with
-today's working tree, the plan cuts files into parts that join back, and ``install`` run once per call, on a bundle of
-two small wheels made here, installs each group when its last part arrives (docs/gpu.md)."""
+"""scripts/gpu_bundle.py and its two jobs' modules, without a download: the bundle of the last build (its lock) fits
+the lent machine's calls with today's working tree, the plan cuts files into parts that join back, and ``install``
+run once per call, on a bundle of two small wheels made here, installs each group when its last part arrives
+(docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -18,28 +19,35 @@ import pytest
 from .helpers.common import REPO
 
 
-SPEC = importlib.util.spec_from_file_location("gpu_bundle", REPO / "scripts" / "gpu_bundle.py")
-bundle = importlib.util.module_from_spec(SPEC)
-sys.modules["gpu_bundle"] = bundle  # (dataclasses look their module up)
-SPEC.loader.exec_module(bundle)
+def load(name: str):
+    """scripts/NAME.py as module NAME, as the command imports it (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+common, build_job, install_job, bundle = map(
+    load, ["gpu_bundle_common", "gpu_bundle_build", "gpu_bundle_install", "gpu_bundle"]
+)
 
 
 def test_the_locked_bundle_fits_the_calls_with_todays_tree():
-    files = bundle.read_lock()
-    tree = bundle.tree_size()
-    calls = bundle.plan(files, bundle.CARRY_LIMIT - tree - bundle.MARGIN)
-    sizes = bundle.call_sizes(files)
+    files = common.read_lock()
+    tree = build_job.tree_size()
+    calls = build_job.plan(files, common.CARRY_LIMIT - tree - common.MARGIN)
+    sizes = build_job.call_sizes(files)
     assert sorted(sizes) == list(range(1, calls + 1))
-    assert all(size + tree <= bundle.CARRY_LIMIT for size in sizes.values()), (tree, sizes)
+    assert all(size + tree <= common.CARRY_LIMIT for size in sizes.values()), (tree, sizes)
     for file in files:
         assert sum(p.size for p in file.parts) == file.size and file.parts[0].offset == 0
         assert all(a.offset + a.size == b.offset for a, b in zip(file.parts, file.parts[1:], strict=False))
-    assert {f.group for f in files} == set(bundle.GROUPS)
-    order = [list(bundle.GROUPS).index(f.group) for f in files]
+    assert {f.group for f in files} == set(common.GROUPS)
+    order = [list(common.GROUPS).index(f.group) for f in files]
     assert order == sorted(order), "a group's files come before the next group's: core is installed first"
     assert len({f.name for f in files}) == len(files) and all(len(f.sha256) == 64 for f in files)
-    names = {bundle.canonical(f.name.split("-")[0]) for f in files}
-    assert not names & set(bundle.LEAVE_OUT), "a package left out was carried"
+    names = {common.canonical(f.name.split("-")[0]) for f in files}
+    assert not names & set(build_job.LEAVE_OUT), "a package left out was carried"
     out = io.StringIO()
     with redirect_stdout(out):
         assert bundle.main(["build", "--dry-run"]) == 0
@@ -47,8 +55,8 @@ def test_the_locked_bundle_fits_the_calls_with_todays_tree():
 
 
 def test_the_plan_fills_each_call_and_splits_what_does_not_fit():
-    files = [bundle.File("a.whl", "core", 90), bundle.File("b.whl", "core", 20), bundle.File("c.whl", "vllm", 130)]
-    assert bundle.plan(files, 100) == 3
+    files = [common.File("a.whl", "core", 90), common.File("b.whl", "core", 20), common.File("c.whl", "vllm", 130)]
+    assert build_job.plan(files, 100) == 3
     assert [(p.call, p.name, p.offset, p.size) for f in files for p in f.parts] == [
         (1, "a.whl", 0, 90),
         (1, "b.whl.part1", 0, 10),
@@ -56,9 +64,9 @@ def test_the_plan_fills_each_call_and_splits_what_does_not_fit():
         (2, "c.whl.part1", 0, 90),
         (3, "c.whl.part2", 90, 40),
     ]
-    assert bundle.call_sizes(files) == {1: 100, 2: 100, 3: 40}
+    assert build_job.call_sizes(files) == {1: 100, 2: 100, 3: 40}
     with pytest.raises(ValueError, match="no room"):
-        bundle.plan(files, 0)
+        build_job.plan(files, 0)
 
 
 def make_wheel(folder: Path, name: str, body: str) -> Path:
@@ -85,13 +93,13 @@ def install(call: Path, store: Path, site: Path) -> str:
 def test_install_puts_each_group_together_call_by_call(tmp_path):
     wheels = [make_wheel(tmp_path, "alpha", "core's"), make_wheel(tmp_path, "beta", "vllm's")]
     files = [
-        bundle.File(w.name, group, w.stat().st_size, sha256=bundle.sha256(w))
+        common.File(w.name, group, w.stat().st_size, sha256=common.sha256(w))
         for w, group in zip(wheels, ["core", "vllm"], strict=True)
     ]
-    calls = bundle.plan(files, 2500)  # each wheel (~3.4 kB) in two parts
+    calls = build_job.plan(files, 2500)  # each wheel (~3.4 kB) in two parts
     assert calls == 3 and all(len(f.parts) == 2 for f in files)
     out, store, site = tmp_path / "bundle", tmp_path / "store", tmp_path / "site"
-    bundle.write_calls(files, {w.name: w for w in wheels}, out)
+    build_job.write_calls(files, {w.name: w for w in wheels}, out)
 
     first = install(out / "call1", store, site)
     assert "group core: waiting for call(s) 2" in first and "group vllm: waiting for call(s) 2, 3" in first
@@ -108,20 +116,20 @@ def test_install_puts_each_group_together_call_by_call(tmp_path):
 
 def test_install_refuses_a_damaged_part_and_forgets_another_bundles_parts(tmp_path):
     wheel = make_wheel(tmp_path, "alpha", "one")
-    files = [bundle.File(wheel.name, "core", wheel.stat().st_size, sha256=bundle.sha256(wheel))]
-    bundle.plan(files, 2500)
+    files = [common.File(wheel.name, "core", wheel.stat().st_size, sha256=common.sha256(wheel))]
+    build_job.plan(files, 2500)
     out, store, site = tmp_path / "bundle", tmp_path / "store", tmp_path / "site"
-    bundle.write_calls(files, {wheel.name: wheel}, out)
+    build_job.write_calls(files, {wheel.name: wheel}, out)
     install(out / "call1", store, site)
     assert (store / "parts" / f"{wheel.name}.part1").is_file()
 
     (tmp_path / "other").mkdir()
     other = make_wheel(tmp_path / "other", "alpha", "two")  # a rebuilt bundle: same file names, other bytes
-    files = [bundle.File(other.name, "core", other.stat().st_size, sha256=bundle.sha256(other))]
-    bundle.plan(files, 2500)
-    bundle.write_calls(files, {other.name: other}, tmp_path / "new")
+    files = [common.File(other.name, "core", other.stat().st_size, sha256=common.sha256(other))]
+    build_job.plan(files, 2500)
+    build_job.write_calls(files, {other.name: other}, tmp_path / "new")
     assert "holds another bundle's parts: removed" in install(tmp_path / "new" / "call1", store, site)
-    assert bundle.sha256(store / "parts" / f"{wheel.name}.part1") == files[0].parts[0].sha256
+    assert common.sha256(store / "parts" / f"{wheel.name}.part1") == files[0].parts[0].sha256
 
     part = tmp_path / "new" / "call2" / f"{other.name}.part2"
     data = part.read_bytes()
@@ -133,9 +141,9 @@ def test_install_refuses_a_damaged_part_and_forgets_another_bundles_parts(tmp_pa
 def one_call(tmp_path: Path) -> Path:
     """The call folder of a bundle of one wheel in one call: install installs group core from it at once."""
     wheel = make_wheel(tmp_path, "alpha", "one")
-    files = [bundle.File(wheel.name, "core", wheel.stat().st_size, sha256=bundle.sha256(wheel))]
-    assert bundle.plan(files, 10**6) == 1
-    bundle.write_calls(files, {wheel.name: wheel}, tmp_path / "bundle")
+    files = [common.File(wheel.name, "core", wheel.stat().st_size, sha256=common.sha256(wheel))]
+    assert build_job.plan(files, 10**6) == 1
+    build_job.write_calls(files, {wheel.name: wheel}, tmp_path / "bundle")
     return tmp_path / "bundle" / "call1"
 
 
@@ -171,7 +179,7 @@ def test_install_leaves_the_folders_it_did_not_make_as_they_are(tmp_path, capsys
     (site / "core").rmdir()
     assert "group core: installed in" in install(call, store, site)  # what it made, it marks and may replace
     for folder in (store, site / "core"):
-        assert json.loads((folder / bundle.MARK).read_text())["written_by"] == bundle.WRITER
+        assert json.loads((folder / install_job.MARK).read_text())["written_by"] == install_job.WRITER
     assert "group core: installed in" in install(call, tmp_path / "store2", site)
     assert (site / "core" / "alpha.py").is_file() and [p.name for p in site.iterdir()] == ["core"]
 
