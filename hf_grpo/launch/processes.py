@@ -46,6 +46,11 @@ class LaunchArguments:
         main_process_port (`int`, *optional*):
             With several machines: the port the main node listens on. Default: `$MASTER_PORT`, else the accelerate
             config's `main_process_port`, else accelerate's 29500.
+        gpu_memory_gb (`float`, *optional*):
+            Memory of each GPU the memory plan checks the recipe against (`hf_grpo.launch.memory_plan`): the
+            hardware the recipe is written for. Default: this machine's GPU.
+        memory_check (`str`, *optional*, defaults to `"refuse"`):
+            `refuse`: a recipe whose memory plan does not fit exits 2 before the model loads; `warn`: it runs anyway.
     """
 
     accelerate_config: str | None = field(
@@ -61,6 +66,16 @@ class LaunchArguments:
     )
     main_process_port: int | None = field(
         default=None, metadata={"help": "The main node's port; default $MASTER_PORT, else the accelerate config's."}
+    )
+    gpu_memory_gb: float | None = field(
+        default=None, metadata={"help": "GB of each GPU the memory plan checks against; default this machine's GPU."}
+    )
+    memory_check: str = field(
+        default="refuse",
+        metadata={
+            "help": "refuse: a recipe the memory plan says cannot fit exits 2; warn: run anyway.",
+            "choices": ["refuse", "warn"],
+        },
     )
 
 

@@ -109,7 +109,7 @@ def check_offline(data: DataArguments, env: dict[str, str]) -> None:
         )
 
 
-def _local_config(model: ModelArguments, trust_remote_code: bool):
+def local_config(model: ModelArguments, trust_remote_code: bool):
     """The policy's config from this machine's files; None when it is not there (a hub model not yet downloaded)."""
     try:
         return AutoConfig.from_pretrained(
@@ -127,7 +127,7 @@ def _module_names(model: ModelArguments, trust_remote_code: bool) -> dict[str, b
     weights); None when its config is not on this machine (a hub model not yet downloaded)."""
     if model.model_name_or_path == "tiny":
         config = Qwen2Config(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
-    elif (config := _local_config(model, trust_remote_code)) is None:
+    elif (config := local_config(model, trust_remote_code)) is None:
         return None
     try:
         with init_empty_weights():
@@ -171,7 +171,7 @@ def _contexts(model: ModelArguments, trust_remote_code: bool) -> tuple[int, int]
     """The policy's ``context_limits``; None when its config cannot be read here."""
     if model.model_name_or_path == "tiny":
         return TINY_CONTEXT, TINY_CONTEXT
-    config = _local_config(model, trust_remote_code)
+    config = local_config(model, trust_remote_code)
     return context_limits(config) if config is not None else None
 
 

@@ -1,10 +1,11 @@
 """What ``--dry-run`` prints: the resolved values with where each came from, model, data, rewards, layout,
-generation, batch arithmetic, the commands a run would start, the miniature's swaps and what this machine lacks."""
+generation, batch arithmetic, the commands a run would start, the memory plan, the miniature's swaps and what this machine lacks."""
 
 from __future__ import annotations
 
 from ..data.loaders import TRL_COLUMNS
 from ..generation.settings import training_cpus, training_gpus
+from .memory import plan_lines
 from .schema import NESTED, SECTIONS, Recipe, default_of, field_index
 
 
@@ -87,6 +88,7 @@ def render_dry_run(recipe: Recipe, commands: list[str], per_node: list[str] = ()
     if per_node:
         out += ["", "on separate machines: this command on each, with its rank (or $NODE_RANK and $MASTER_ADDR set):"]
         out += [f"  {c}" for c in per_node]
+    out += ["", *plan_lines(recipe)]
     out += recipe.miniature.describe()  # what --miniature swapped (nothing for the recipe as written)
     if recipe.hardware:
         out += ["", "this machine cannot run it as written (a real run exits with code 2):"]

@@ -28,7 +28,7 @@ from ..launch.processes import (
 from ..miniature import Miniature
 from ..models import registry as local_models
 from ..rewards import RewardArguments
-from . import checks, checks_env, schema, shipped
+from . import checks, checks_env, memory, schema, shipped
 from .command_line import apply_overrides, split_argv
 from .plan import batch_plan
 from .schema import NESTED, SECTIONS, BatchPlan, Recipe, RecipeError, field_index, key_defaults, section_values
@@ -88,6 +88,8 @@ def load_recipe(argv: list[str], for_run: bool = True) -> tuple[Recipe, set[str]
     recipe.hardware, recipe.sources = hardware, sources
     recipe.miniature, recipe.env = miniature, {**miniature.env, **env}
     if for_run:
+        with schema.located(where):
+            memory.check_memory(recipe)  # the plan's verdict, before anything is built or loaded
         miniature.build()
     return recipe, flags
 

@@ -48,7 +48,10 @@ DOMAINS = {
         AT_LEAST_1,
     ),
     **dict.fromkeys(
-        ("temperature", "lora_alpha", "reward_timeout", "repetition_penalty", "warm_start_lr", "save_steps"),
+        (
+            "temperature", "lora_alpha", "reward_timeout", "repetition_penalty", "warm_start_lr", "save_steps",
+            "gpu_memory_gb",
+        ),
         POSITIVE,
     ),
     **dict.fromkeys(

@@ -39,6 +39,7 @@ from ..publish.hub import push as push_to_hub
 from ..publish.report import write_report
 from ..publish.run_result import RunResult, library_versions
 from ..recipe import Recipe, RecipeError
+from ..recipe.memory import measured_line, plan_lines
 from ..recipe.plan import check_rows
 from ..recipe.schema import key_defaults
 from ..recipe.yaml12 import load_yaml
@@ -229,6 +230,8 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
         return {}
     if finishing is None and args.process_index == 0:
         write_state(args.output_dir, {"phase": "training"})
+    if args.process_index == 0:
+        logger.info("\n".join(plan_lines(recipe, for_run=True)))
     push = args.push_to_hub  # pushed at the end by hf_grpo.publish.hub (card with the eval table), not by the Trainer
     args.push_to_hub = False
     recipe_text = save_recipe(recipe)
@@ -257,6 +260,8 @@ def _run(recipe: Recipe, problem: str | None) -> dict:
                 args.output_dir, args.hub_model_id, private=private, revision=args.hub_revision, run=result
             )
             logger.info("pushed to %s", pushed.repo_url)
+    if args.process_index == 0 and (line := measured_line(recipe)) is not None:
+        logger.info(line)
     trainer.accelerator.wait_for_everyone()
     return results
 
@@ -338,6 +343,7 @@ def build_trainer(recipe: Recipe):
 
     from ..evaluation.history import HistoryCallback  # transformers: loaded when a run starts, not for --help
     from ..evaluation.tasks import TaskEvaluator  # the same
+    from ..monitoring.console import install as install_console  # the same
     from ..training.trainer import GRPOTrainer  # the same
 
     args = recipe.training
@@ -371,6 +377,7 @@ def build_trainer(recipe: Recipe):
         peft_config=get_peft_config(recipe.model),
         callbacks=[history],
     )
+    install_console(trainer)  # one line per logged step instead of transformers' dictionary (console_metrics)
     trainer.reward_health.max_unscored_calls = recipe.rewards.reward_max_failed_calls
     state = trainer.accelerator.state
     logger.info(
