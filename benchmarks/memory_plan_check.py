@@ -140,11 +140,11 @@ def measure_terms() -> None:
     print(f"warm-start step ({ws_rows} x {ws_ids.shape[1]} tokens): resident peak {mp.gb(warm.delta)}; planned "
           f"{mp.gb(phases['warm start'])}")  # fmt: skip
     model.eval()
-    prompts = torch.randint(0, shape.vocab, (s.eval_batch, s.prompt_tokens))
+    prompts = torch.randint(0, shape.vocab, (s.eval_batch, s.eval_prompt_tokens))
     with torch.no_grad(), PeakRSS() as evaluation:
         model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
                        max_new_tokens=s.eval_completion_tokens, min_new_tokens=s.eval_completion_tokens)  # fmt: skip
-    print(f"evaluation batch ({s.eval_batch} x {s.prompt_tokens + s.eval_completion_tokens} tokens, greedy): "
+    print(f"evaluation batch ({s.eval_batch} x {s.eval_prompt_tokens + s.eval_completion_tokens} tokens, greedy): "
           f"resident peak {mp.gb(evaluation.delta)}; planned {mp.gb(phases['evaluation'])}")  # fmt: skip
 
 

@@ -129,7 +129,7 @@ def test_a_recipe_that_cannot_fit_exits_2_before_anything_loads(tmp_path, monkey
     checkpointed = mp.make_plan(plan.shape, replace(plan.settings, activation_checkpointing=True))
     assert checkpointed.devices[0].peak < plan.devices[0].peak
     ram = int((plan.devices[0].peak + checkpointed.devices[0].peak) / 2 / mp.FITS_WITHIN)  # fits only checkpointed
-    monkeypatch.setattr(memory, "_host_memory", lambda on_gpu: (ram, "available on this machine"))
+    monkeypatch.setattr(memory, "_host_memory", lambda on_gpu: (ram, "this machine's RAM"))
     assert main([*argv, "--max_steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -141,7 +141,7 @@ def test_a_recipe_that_cannot_fit_exits_2_before_anything_loads(tmp_path, monkey
 
 
 def test_memory_check_warn_runs_a_recipe_that_does_not_fit(monkeypatch):
-    monkeypatch.setattr(memory, "_host_memory", lambda on_gpu: (mp.GiB, "available on this machine"))
+    monkeypatch.setattr(memory, "_host_memory", lambda on_gpu: (mp.GiB, "this machine's RAM"))
     argv = [str(REPO / "recipes" / "tiny.yaml"), "--tiny_hidden_size", "4096"]
     with pytest.raises(RecipeError, match="memory plan: does not fit"):
         memory.check_memory(load_recipe(argv, for_run=False)[0])

@@ -52,7 +52,10 @@ def ready_model(tmp_path, monkeypatch):
     monkeypatch.setenv(local_models.CACHE_ENV, str(tmp_path / "cache"))
     folder = local_models.model_dir(NAME)
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 8192}))
+    config = {"model_type": "llama", "max_position_embeddings": 8192, "hidden_size": 576, "intermediate_size": 1536,
+              "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+              "tie_word_embeddings": True}  # SmolLM2-135M's shape: what the memory plan reads  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
     files = {"config.json": {"size": (folder / "config.json").stat().st_size, "sha256": "not checked here"}}
     (folder / local_models.MANIFEST).write_text(json.dumps({"name": NAME, "files": files}))
     return folder

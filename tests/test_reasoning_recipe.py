@@ -131,7 +131,7 @@ def test_a_run_warm_starts_a_pretrained_policy_after_its_before_evaluation_and_n
     )
     again = run_train(*args, "--max_steps", "2", "--resume_from_checkpoint", "auto")
     assert again.returncode == 0, again.stderr[-4000:]
-    assert "resuming from" in again.stderr and "warm start" not in again.stderr, again.stderr[-4000:]
+    assert "resuming from" in again.stderr and "warm start: 3 steps" not in again.stderr, again.stderr[-4000:]
 
 
 def test_warm_start_reference_makes_the_kl_term_measure_from_the_warm_started_policy(policy_dir, tmp_path):

@@ -156,15 +156,16 @@ def _gpu_memory(recipe: Recipe) -> tuple[int, str] | None:
 
 
 def _host_memory(on_gpu: bool) -> tuple[int, str] | None:
-    """This machine's available RAM, when the plan is for this machine (training on its CPU, or on its GPU)."""
+    """This machine's RAM (``MemTotal``: what other processes hold changes from one moment to the next), when the plan
+    is for this machine (training on its CPU, or on its GPU)."""
     if on_gpu and not this_machine().cuda_devices:
         return None
     meminfo = Path("/proc/meminfo")
     if not meminfo.is_file():
         return None
     fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
-    available = fields.get("MemAvailable", fields.get("MemTotal", "0 kB")).split()[0]
-    return int(available) * 1024, "available on this machine"
+    total = fields.get("MemTotal", "0 kB").split()[0]
+    return (int(total) * 1024, "this machine's RAM") if total.isdigit() and int(total) else None
 
 
 def memory_plan(recipe: Recipe, for_run: bool = False) -> tuple[mp.MemoryPlan | None, tuple | None]:
