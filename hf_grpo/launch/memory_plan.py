@@ -396,7 +396,8 @@ def make_plan(
             devices.append(DevicePlan("vLLM server GPU", vllm, [], *share, notes))
         if host_terms:
             capacity, source = host or (None, "")
-            devices.append(DevicePlan("host RAM (each training process)", host_terms, [], capacity, source))
+            label = "host RAM" + (f" ({s.processes} training processes, each)" if s.processes > 1 else "")
+            devices.append(DevicePlan(label, host_terms, [], capacity, source, copies=s.processes))
     else:
         static = [Term("Python and libraries (measured)", CPU_PROCESS), *device_terms, *host_terms]
         if s.generation == "vllm_server":
