@@ -63,10 +63,10 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0, texts: list[str] | Non
     return tokenizer
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64) -> Qwen2ForCausalLM:
-    """Random-init 2-layer Qwen2 sized for CPU; ``seed`` fixes the weights."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+def tiny_config(vocab_size: int, hidden_size: int = 64, **token_ids) -> Qwen2Config:
+    """The tiny model's shape (also what the memory plan reads, before any tokenizer is built)."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
         num_hidden_layers=2,
@@ -75,9 +75,14 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: 
         max_position_embeddings=256,
         tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **token_ids,
     )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 64) -> Qwen2ForCausalLM:
+    """Random-init 2-layer Qwen2 sized for CPU; ``seed`` fixes the weights."""
+    config = tiny_config(len(tokenizer), hidden_size, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -15,6 +15,7 @@ from ..base.peak_memory import peak_memory
 from ..data.loaders import PRESETS
 from ..launch import memory_plan as mp
 from ..launch.hardware import this_machine
+from ..models.tiny import tiny_config
 from .checks_env import local_config
 from .schema import Recipe, RecipeError
 
@@ -44,10 +45,7 @@ def model_shape(recipe: Recipe) -> mp.ModelShape | None:
     model = recipe.model
     name = recipe.values.get("model_name_or_path", model.model_name_or_path)
     if name == "tiny":
-        h = model.tiny_hidden_size
-        config = Qwen2Config(hidden_size=h, intermediate_size=4 * h, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=TINY_VOCAB, tie_word_embeddings=True)  # fmt: skip
-        return mp.shape_from_config(config, name, "the embedded tiny model")
+        return mp.shape_from_config(tiny_config(TINY_VOCAB, model.tiny_hidden_size), name, "the embedded tiny model")
     config = local_config(model, bool(recipe.values.get("trust_remote_code")))
     if config is not None:
         return mp.shape_from_config(config, name, "its config.json on this machine")
@@ -60,8 +58,10 @@ def model_shape(recipe: Recipe) -> mp.ModelShape | None:
 def _on_gpu(recipe: Recipe, for_run: bool) -> bool:
     """Whether the plan is for GPUs: a run trains on this machine's, a dry run plans for the GPUs a recipe names
     (``gpu_memory_gb``, bf16 or fp16) where this machine has none."""
-    if recipe.miniature.active or this_machine().cuda_devices > 0:
-        return not recipe.miniature.active
+    if recipe.miniature.active:
+        return False
+    if this_machine().cuda_devices:
+        return True
     return not for_run and any(recipe.values.get(k) for k in ("gpu_memory_gb", "bf16", "fp16"))
 
 
