@@ -57,6 +57,9 @@ class ModelArguments(ModelConfig):
             GRPO back from what the warm start taught.
         warm_start_batch_size (`int`, defaults to `32`):
             Rows per warm-start step (a pretrained model's; the tiny model's are 32).
+        warm_start_max_lines (`int`, *optional*):
+            A curriculum: the warm start learns only the rows whose gold solution has at most this many lines (the
+            `#### N` line counted); GRPO trains on every row. Unset: every row.
     """
 
     model_name_or_path: str | None = field(
@@ -71,6 +74,9 @@ class ModelArguments(ModelConfig):
         metadata={"help": "Learning rate of the warm start (unset: 2e-3 for an adapter, 1e-5 for a full fine-tune)."},
     )
     warm_start_batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
+    warm_start_max_lines: int | None = field(
+        default=None, metadata={"help": "Warm-start only on gold solutions of at most this many lines (unset: all)."}
+    )
     warm_start_reference: bool = field(
         default=False, metadata={"help": "KL term against the warm-started policy (LoRA), not the base model."}
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -109,6 +110,21 @@ def test_the_warm_start_loss_is_the_models_own_loss_with_logits_only_where_label
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_warm_start_max_lines_keeps_the_warm_start_to_short_gold_solutions_and_names_the_key_when_none_is():
+    from datasets import Dataset
+
+    from hf_grpo.training.warm_start import GoldPairs
+
+    rows = Dataset.from_list(
+        [{"prompt": f"q{i}", "solution": "\n".join(["1 + 1 = 2"] * (i % 3) + ["#### 2"])} for i in range(9)]
+    )
+    assert len(GoldPairs(rows)) == 9
+    short = GoldPairs(rows, max_lines=2)  # rows 0, 1, 3, 4, 6, 7: at most one worked line
+    assert [short[i][0] for i in range(len(short))] == ["q0", "q1", "q3", "q4", "q6", "q7"]
+    with pytest.raises(ValueError, match="warm_start_max_lines: 2 leaves no training row.*remove the key"):
+        GoldPairs(rows.select([2, 5, 8]), max_lines=2)
+
+
 def test_a_run_warm_starts_a_pretrained_policy_after_its_before_evaluation_and_not_again_on_resume(
     policy_dir, tmp_path
 ):
@@ -119,11 +135,14 @@ def test_a_run_warm_starts_a_pretrained_policy_after_its_before_evaluation_and_n
         "--eval_dataset_name", "arithmetic_reasoning", "--arithmetic_train_size", "64", "--arithmetic_eval_size", "10",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "12",
         "--lora_r", "8", "--lora_alpha", "16", "--task_eval_steps", "0", "--save_strategy", "steps", "--save_steps", "1",
+        "--warm_start_max_lines", "2",
     ]  # fmt: skip
     first = run_train(*args, "--max_steps", "1")
     assert first.returncode == 0, first.stderr[-4000:]
     log = first.stderr
     assert "warm start: 3 steps" in log, log[-4000:]
+    short = int(re.search(r"warm start: (\d+) of 64 rows have a solution of at most 2 lines", log).group(1))
+    assert 0 < short < 64  # one-step answers only (a worked line and '#### N'); GRPO still trains on all 64
     assert (
         log.index("held-out accuracy (before)")
         < log.index("warm start: 3 steps")

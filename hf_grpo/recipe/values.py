@@ -42,6 +42,7 @@ DOMAINS = {
             "max_completion_length", "lora_r", "arithmetic_train_size", "arithmetic_eval_size", "num_processes",
             "num_machines", "max_generation_batches", "num_iterations", "max_train_samples", "max_eval_samples",
             "task_eval_max_samples", "eval_max_new_tokens", "keep_top_k", "tiny_hidden_size", "warm_start_batch_size",
+            "warm_start_max_lines",
             "per_device_eval_batch_size", "num_generations_eval", "generation_batch_size", "steps_per_generation",
             "reward_workers", "vllm_tensor_parallel_size", "save_total_limit",
         ),

@@ -130,24 +130,35 @@ def warm_start(
 
 class GoldPairs:
     """A dataset's rows as ``(prompt, solution)`` pairs, read one at a time: a warm start reads only the rows it
-    draws, never a whole column of a dataset with millions of rows."""
+    draws, never a whole column of a dataset with millions of rows. With ``max_lines`` (``warm_start_max_lines``) only
+    the rows whose solution has at most that many lines: the solution column is read once to find them."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, max_lines: int | None = None):
         self.dataset = dataset
+        self.rows = None  # every row
+        if max_lines is not None:
+            self.rows = [i for i, s in enumerate(dataset["solution"]) if len(str(s).splitlines()) <= max_lines]
+            if not self.rows:
+                raise ValueError(
+                    f"warm_start_max_lines: {max_lines} leaves no training row to warm-start on (every gold solution "
+                    f"has more lines): raise it, or remove the key to warm-start on every row"
+                )
+            logger.info("warm start: %d of %d rows have a solution of at most %d lines", len(self.rows),
+                        len(dataset), max_lines)  # fmt: skip
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset) if self.rows is None else len(self.rows)
 
     def __getitem__(self, index: int) -> tuple:
-        row = self.dataset[index]
+        row = self.dataset[index if self.rows is None else self.rows[index]]
         return row["prompt"], row["solution"]
 
 
 def warm_start_policy(trainer, model_args) -> list[float]:
     """``warm_start_steps`` supervised steps of a pretrained policy on the trainer's training rows (``prompt``, and
     the gold ``solution`` as the completion), before GRPO, on the trainer's device; then every process holds process
-    0's weights. Its optimizer is torch's AdamW on that device, outside DeepSpeed (no offload). The reference of a
-    KL term (``beta``) stays the base model: the adapter switched off, or TRL's copy of the loaded weights."""
+    0's weights; ``warm_start_max_lines`` keeps it to short solutions. Its optimizer is torch's AdamW on that device,
+    outside DeepSpeed (no offload). The reference of a KL term (``beta``) stays the base model: the adapter switched off, or TRL's copy of the loaded weights."""
     args = trainer.args
     # Under DeepSpeed the trainer places the model when training starts: before, it is where it loaded (the CPU), and
     # the warm start would train there and broadcast CPU tensors, which NCCL cannot take.
@@ -159,7 +170,7 @@ def warm_start_policy(trainer, model_args) -> list[float]:
         batch_size=model_args.warm_start_batch_size,
         lr=model_args.resolved_warm_start_lr,
         seed=args.seed,
-        examples=GoldPairs(trainer.train_dataset),
+        examples=GoldPairs(trainer.train_dataset, model_args.warm_start_max_lines),
         progress=enabled_for(args),
         chat_template_kwargs=args.chat_template_kwargs,
     )
