@@ -135,7 +135,7 @@ class GoldPairs:
 
     def __init__(self, dataset, max_lines: int | None = None):
         self.dataset = dataset
-        self.rows = None  # every row
+        self.rows = range(len(dataset))  # every row, read only when drawn
         if max_lines is not None:
             self.rows = [i for i, s in enumerate(dataset["solution"]) if len(str(s).splitlines()) <= max_lines]
             if not self.rows:
@@ -147,10 +147,10 @@ class GoldPairs:
                         len(dataset), max_lines)  # fmt: skip
 
     def __len__(self) -> int:
-        return len(self.dataset) if self.rows is None else len(self.rows)
+        return len(self.rows)
 
     def __getitem__(self, index: int) -> tuple:
-        row = self.dataset[index if self.rows is None else self.rows[index]]
+        row = self.dataset[self.rows[index]]
         return row["prompt"], row["solution"]
 
 
@@ -158,7 +158,8 @@ def warm_start_policy(trainer, model_args) -> list[float]:
     """``warm_start_steps`` supervised steps of a pretrained policy on the trainer's training rows (``prompt``, and
     the gold ``solution`` as the completion), before GRPO, on the trainer's device; then every process holds process
     0's weights; ``warm_start_max_lines`` keeps it to short solutions. Its optimizer is torch's AdamW on that device,
-    outside DeepSpeed (no offload). The reference of a KL term (``beta``) stays the base model: the adapter switched off, or TRL's copy of the loaded weights."""
+    outside DeepSpeed (no offload). The reference of a KL term (``beta``) stays the base model: the adapter switched
+    off, or TRL's copy of the loaded weights."""
     args = trainer.args
     # Under DeepSpeed the trainer places the model when training starts: before, it is where it loaded (the CPU), and
     # the warm start would train there and broadcast CPU tensors, which NCCL cannot take.
