@@ -61,6 +61,11 @@ OVERRIDES = [
         "arithmetic_train_size 100000000 would take about",
     ),
     (
+        "max-lines-without-warm-start",
+        ["--warm_start_max_lines", "2"],
+        "warm_start_max_lines: 2 keeps a pretrained policy's warm start to short gold solutions, and this recipe has",
+    ),
+    (
         "word-key-on-arithmetic",
         ["--word_problems_max_steps", "2"],
         "word_problems_max_steps is read only with dataset_name: word_problems",

@@ -55,8 +55,9 @@ def test_named_lines_name_what_they_count_on_the_same_problems():
                 "-": {f"{b} fewer"},
                 "*": {f"{b} times as many"}
                 | {f"{a} {pack} of {b} {item}" for pack in PACKS for item in ITEMS}
-                | {f"{a} {group} with {b} each" for group in ("friends", *PACKS)},
-                "/": {f"{a} {item} in {b} equal parts" for item in ITEMS},
+                | {f"{a} {group} with {b} each" for group in ("friends", "piles", *PACKS)},
+                "/": {f"{a} {item} in {b} equal parts" for item in ITEMS}
+                | {f"{a} {item} in {pack} of {b}" for pack in PACKS for item in ITEMS},
             }
             assert label in labels[op], line
 
@@ -70,6 +71,20 @@ def test_a_fifth_of_two_step_problems_tell_both_steps_in_one_sentence():
     assert 60 < len(listed) < 140 and 60 < len(taken) < 140, (len(listed), len(taken))
     assert all(p["answer"].count("+") == 2 for p in listed) and all(" * " in p["answer"] for p in taken)
     assert not make_train(200, seed=1, max_steps=1)[0]["answer"].count("\n") > 1  # one step: none of them
+
+
+@pytest.mark.parametrize("max_steps", [1, 2, 3])
+def test_no_verb_decides_the_operation(max_steps):
+    """A verb of sharing starts products too, and packing asks quotients too: what is given and what is asked
+    decides (the warm start read "splits ... into N" as a division, always one in training until 2026-12-06)."""
+    problems = make_train(600, seed=2, max_steps=max_steps)
+    for verb in (" splits ", " shares ", " puts "):
+        told = [p for p in problems if verb in p["question"]]
+        firsts = {p["answer"].splitlines()[0].split()[1] for p in told}  # the first worked line's operation
+        lasts = {p["answer"].splitlines()[-2].split()[1] for p in told}
+        assert "*" in firsts | lasts and "/" in firsts | lasts, (verb, firsts, lasts)
+    each = [p for p in problems if p["question"].startswith("Each ")]  # the size first, the count of packs asked
+    assert each and all(p["answer"].count("\n") == 1 and " * " in p["answer"] for p in each)
 
 
 def test_a_step_count_out_of_range_names_the_key():

@@ -10,13 +10,15 @@ do not matter (``word_problems``), and a held-out set whose kinds training never
 
 Training problems tell a story about one person's things: a count that grows (gets, finds, buys), shrinks (gives,
 eats, loses), is multiplied (packs of, rows of, each of) or shared (equally into, among), step after step, with a
-worked line per operation and ``#### N`` last, the answer format the real-model recipes ask for. A third of them carry
-a sentence whose number does not matter; a fifth of those of two steps or more tell both in one sentence (amounts
-listed and summed, or a product taken from a count). The held-out kinds are written apart from them, in other sentence shapes and
-other worlds (prices and change, points and comparisons, teams, days): ``price`` (a unit price times a count),
-``compare`` (how many more), ``groups`` (so many groups of so many), ``share`` (a total shared equally), ``sum_three``
-(three amounts in one sentence), ``change`` (paying with a bill for several things at one price). So a gain there is
-transfer, not recall, and a kind that falls says what training took away (docs/results.md).
+worked line per operation and ``#### N`` last, the answer format the real-model recipes ask for. No word decides the
+operation: "splits into", "shares among" and "puts into" also start products, and "packs of" also asks a quotient. A
+third of them carry a sentence whose number does not matter; a fifth of those of two steps or more tell both in one
+sentence (amounts listed and summed, or a product taken from a count). The held-out kinds are written apart from
+them, in other sentence shapes and other worlds (prices and change, points and comparisons, teams, days): ``price``
+(a unit price times a count), ``compare`` (how many more), ``groups`` (so many groups of so many), ``share`` (a total
+shared equally), ``sum_three`` (three amounts in one sentence), ``change`` (paying with a bill for several things at
+one price). So a gain there is transfer, not recall, and a kind that falls says what training took away
+(docs/results.md).
 """
 
 from __future__ import annotations
@@ -75,8 +77,23 @@ ASKED = {
     "*": ["How many {item} are there if that number becomes {n} times larger?"],
     "/": ["If {name} splits them into {n} equal piles, how many {item} are in each?"],
 }
-# A first step of its own shape: a multiplication told as packs (the count starts as their product).
-PACKED = ["{name} buys {a} {pack} with {b} {item} in each.", "{name} has {a} {pack}, each holding {b} {item}."]
+# A first step of its own shape: a multiplication told as packs (the count starts as their product). No verb decides
+# the operation: three of the five use the words of sharing ("splits", "shares", "puts into"), and a sharing step
+# may ask how many packs it fills (``FILLS``). What is given and what is asked does: a count of parts and the size of
+# each make a product, a total and the size of each part a quotient. ``None``: the story's own packs.
+PACKED = {
+    "{name} buys {a} {pack} with {b} {item} in each.": None,
+    "{name} has {a} {pack}, each holding {b} {item}.": None,
+    "{name} splits the {item} into {a} equal piles, with {b} in each pile.": "piles",
+    "{name} shares the {item} among {a} friends, and each friend gets {b}.": "friends",
+    "{name} puts the {item} into {a} {pack}, {b} in each.": None,
+}
+# A one-step story of packs told the other way round (half of them): the size of each first, their count asked.
+EACH = ("Each {one} holds {b} {item}.", "How many {item} are in {a} {pack}?")
+# A last sharing step that asks for the number of packs (a third of them): the total divided by the size of each.
+FILLS = (["{name} packs them into {pack} of {n}.", "{name} puts them into {pack}, {n} in each."],
+         "How many {pack} does {name} fill?")  # fmt: skip
+ONE = {"boxes": "box", "bags": "bag", "packs": "pack", "jars": "jar", "baskets": "basket", "crates": "crate"}
 DISTRACTORS = ["{name} is {x} years old.", "{other} has {x} {other_item}.", "It is {x} degrees outside.",
                "{name}'s house is number {x}."]  # fmt: skip
 
@@ -108,6 +125,7 @@ NAMED = {
     "/": "{total} {item} in {n} equal parts: ",
 }
 NAMED_PACKS = "{a} {pack} of {b} {item}: "  # the first line of a story that starts with packs: a * b
+NAMED_FILLS = "{total} {item} in {pack} of {n}: "  # a last step that asks how many packs: total / n
 
 # Two operations in one sentence (a fifth of the problems of two steps or more): amounts listed one after another,
 # summed; or a product taken from a count. The chained held-out kinds need these structures (``sum_three``,
@@ -160,9 +178,15 @@ def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = Fal
         ops = [rng.choice("+-*/") for _ in range(steps - packed)]
         if packed:
             a, b = rng.randint(2, 9), rng.randint(2, 9)
-            sentences, lines, total = [rng.choice(PACKED).format(name=name, a=a, b=b, item=item, pack=pack)], [], a * b
-            named = NAMED_PACKS.format(a=a, b=b, pack=pack, item=item) if named_lines else ""
-            lines.append(f"{named}{a} * {b} = {total}")
+            shape = rng.choice(list(PACKED))
+            sentences, lines, total = [shape.format(name=name, a=a, b=b, item=item, pack=pack)], [], a * b
+            group = PACKED[shape]  # the line names the story's packs, or the piles or friends of the sentence
+            named = (
+                NAMED_TAKEN.format(n=a, m=b, group=group)
+                if group
+                else NAMED_PACKS.format(a=a, b=b, pack=pack, item=item)
+            )
+            lines.append(f"{named if named_lines else ''}{a} * {b} = {total}")
         else:
             total = rng.randint(3, 30)
             sentences, lines = [rng.choice(START).format(name=name, a=total, item=item)], []
@@ -176,12 +200,22 @@ def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = Fal
             result = _apply(total, op, n)
             named = NAMED[op].format(n=n, total=total, item=item) if named_lines else ""
             lines.append(f"{named}{total} {op} {n} = {result}")
-            total = result
+            before, total = total, result
         if not ok or total < 1 or total >= 200:
             continue
         last = ops[-1] if ops else "*"
         question = rng.choice(QUESTION[last]).format(name=name, item=item)
-        if ops and rng.random() < 1 / 3:  # the last step asked in the question
+        if packed and not ops and rng.random() < 0.5:  # the size of each first, the count of packs asked
+            sentences = [EACH[0].format(one=ONE[pack], b=b, item=item)]
+            question = EACH[1].format(item=item, a=a, pack=pack)
+            named = NAMED_PACKS.format(a=a, b=b, pack=pack, item=item) if named_lines else ""
+            lines = [f"{named}{a} * {b} = {total}"]
+        elif last == "/" and rng.random() < 1 / 3:  # how many packs: the total over the size of each
+            sentences[-1] = rng.choice(FILLS[0]).format(name=name, pack=pack, n=n)
+            question = FILLS[1].format(pack=pack, name=name)
+            named = NAMED_FILLS.format(total=before, item=item, pack=pack, n=n) if named_lines else ""
+            lines[-1] = f"{named}{before} / {n} = {total}"
+        elif ops and rng.random() < 1 / 3:  # the last step asked in the question
             sentences.pop()
             question = rng.choice(ASKED[last]).format(name=name, item=item, n=n)  # n: the last step's number
         if rng.random() < 1 / 3:  # a number that does not matter, anywhere but first

@@ -300,7 +300,15 @@ def check_trl_refusals(values: dict, model: ModelArguments, uses_vllm: bool) -> 
 
 
 def check_warm_start_reference(values: dict, model: ModelArguments) -> None:
-    """``warm_start_reference`` does something only with a KL term, LoRA and a pretrained policy's warm start."""
+    """``warm_start_reference`` does something only with a KL term, LoRA and a pretrained policy's warm start;
+    ``warm_start_max_lines`` only with a pretrained policy's warm start (the tiny model's builds its base instead)."""
+    if model.warm_start_max_lines is not None and not model.warm_starts_pretrained:
+        has = "warm_start_steps: 0" if model.warm_start_steps == 0 else "the tiny model"
+        raise RecipeError(
+            f"warm_start_max_lines: {model.warm_start_max_lines} keeps a pretrained policy's warm start to short gold "
+            f"solutions, and this recipe has {has}: remove the key, or set warm_start_steps above 0 with a pretrained "
+            "model_name_or_path"
+        )
     beta = values.get("beta", default_of("beta"))
     if model.warm_start_reference and not (model.use_peft and model.warm_starts_pretrained and beta > 0):
         raise RecipeError(
