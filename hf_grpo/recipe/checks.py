@@ -299,7 +299,7 @@ def check_trl_refusals(values: dict, model: ModelArguments, uses_vllm: bool) -> 
             raise RecipeError(f"TRL's GRPOTrainer refuses {why}")
 
 
-def check_warm_start_reference(values: dict, model: ModelArguments) -> None:
+def check_warm_start_keys(values: dict, model: ModelArguments) -> None:
     """``warm_start_reference`` does something only with a KL term, LoRA and a pretrained policy's warm start;
     ``warm_start_max_lines`` only with a pretrained policy's warm start (the tiny model's builds its base instead)."""
     if model.warm_start_max_lines is not None and not model.warm_starts_pretrained:

@@ -235,7 +235,7 @@ def _check_built(values, env, miniature_env, plan, model, data_args, rewards, bu
     checks_env.check_offline(data_args, {**miniature_env, **env})
     checks.check_steps(values, plan, data_args)
     checks_env.check_lora_targets(model, values, built_later)
-    checks.check_warm_start_reference(values, model)
+    checks.check_warm_start_keys(values, model)
     checks.check_sampling_metric(values, rewards)
     if values.get("push_to_hub"):
         checks_env.check_push(values, env)
