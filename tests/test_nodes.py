@@ -1,6 +1,7 @@
 """Several machines: each node starts its own share with one command, named by a rank and the main node's address
 (``--machine_rank``/``--main_process_ip``, or ``$NODE_RANK``/``$MASTER_ADDR`` as schedulers set them). Checked on the
-shipped 2-node recipe and its miniature, without training; the runs are in tests/test_miniatures.py."""
+shipped 2-node recipe and its miniature, without training; the runs are in tests/test_miniatures.py. And one machine:
+each run on a port of its own."""
 
 from __future__ import annotations
 
@@ -166,3 +167,18 @@ def test_the_manifest_lists_every_process_files_so_a_node_without_them_does_not_
     (node0 / "rng_state_1.pth").write_bytes(b"x" * 8)  # a shared folder holds every process's files
     write_manifest(node0, 2, True, seen)
     assert problem(node0, 2) is None
+
+
+def test_runs_side_by_side_on_one_machine_each_get_a_free_port_unless_one_is_named(monkeypatch):
+    """accelerate's default port is always 29500: two 2-process runs started at once on one machine collided there
+    (one exited 'main_process_port 29500 is taken'). Each launch now gets its own free port on 127.0.0.1, and a port
+    the user names (command line, $MASTER_PORT) is the one used."""
+    argv = ["recipes/tiny.yaml", "--accelerate_config", "cpu", "--num_processes", "2"]
+    recipe, _ = load_recipe(argv, for_run=False)
+    (launch,) = launches(recipe, argv)
+    assert "--main_process_ip 127.0.0.1 --main_process_port " in launch, launch
+    assert int(launch.split("--main_process_port ")[1].split()[0]) != 29500
+    named = [*argv, "--main_process_port", "29611"]
+    assert "--main_process_port 29611" in launches(load_recipe(named, for_run=False)[0], named)[0]
+    monkeypatch.setenv("MASTER_PORT", "29612")
+    assert "--main_process_port 29612" in launches(load_recipe(argv, for_run=False)[0], argv)[0]

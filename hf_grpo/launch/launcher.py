@@ -120,20 +120,23 @@ MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node
 def node_flags(layout: Layout, on_this_host: bool, every_node: bool) -> list[list[str]]:
     """The accelerate flags of each launch this command starts on this machine: one per node it runs.
 
-    One machine: one launch (``on_this_host``, a miniature's: on a free port). Several, with this node named
-    (``machine_rank`` and ``main_process_ip``, from the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's
-    launch. Several and not named: ``on_this_host`` simulates every node here (127.0.0.1, a free port);
-    ``every_node`` (``--dry-run``) lists each node's.
+    One machine: one launch on 127.0.0.1, on the port the user named (a miniature ignores it), else on a free one:
+    accelerate's default is always 29500, and two runs side by side on one machine would collide there. Several,
+    with this node named (``machine_rank`` and ``main_process_ip``, from the command line or
+    ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and not named: ``on_this_host`` simulates every
+    node here (127.0.0.1, a free port); ``every_node`` (``--dry-run``) lists each node's.
     """
-    if layout.num_machines == 1:  # on this host, a free port: several miniatures may run at once
-        return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())]] if on_this_host else [[]]
+    if layout.num_machines == 1:
+        named = layout.main_process_port is not None and not on_this_host
+        port = layout.main_process_port if named else free_port()
+        return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]]
     if layout.names_node():
         ranks, address = [layout.machine_rank], layout.main_process_ip
     elif on_this_host or every_node:
         ranks, address = list(range(layout.num_machines)), "127.0.0.1" if on_this_host else MAIN_NODE_PLACEHOLDER
     else:
         raise ValueError(unnamed_node_message(layout.num_machines))
-    port = free_port() if on_this_host and not layout.names_node() else layout.main_process_port
+    port = free_port() if on_this_host and not layout.names_node() else layout.main_port
     where = ["--main_process_ip", address, "--main_process_port", str(port)]
     return [[*where, "--machine_rank", str(rank)] for rank in ranks]
 
@@ -144,7 +147,7 @@ def node_commands(recipe, argv: list[str]) -> list[str]:
     if layout.num_machines == 1 or layout.names_node():
         return []
     base = [sys.executable.rsplit(os.sep, 1)[-1], "-m", "hf_grpo.train", *argv]
-    named = ["--main_process_ip", MAIN_NODE_PLACEHOLDER, "--main_process_port", str(layout.main_process_port)]
+    named = ["--main_process_ip", MAIN_NODE_PLACEHOLDER, "--main_process_port", str(layout.main_port)]
     return [shlex.join([*base, "--machine_rank", str(rank), *named]) for rank in range(layout.num_machines)]
 
 

@@ -44,8 +44,9 @@ class LaunchArguments:
         main_process_ip (`str`, *optional*):
             With several machines: the main node's address, as the other nodes reach it. Default: `$MASTER_ADDR`.
         main_process_port (`int`, *optional*):
-            With several machines: the port the main node listens on. Default: `$MASTER_PORT`, else the accelerate
-            config's `main_process_port`, else accelerate's 29500.
+            The port the main process listens on. Default: `$MASTER_PORT`, else the accelerate config's
+            `main_process_port`; else, on one machine, a free port on 127.0.0.1 (two runs on one machine do not
+            collide), and with several machines accelerate's 29500.
         gpu_memory_gb (`float`, *optional*):
             Memory of each GPU the memory plan checks the recipe against (`hf_grpo.launch.memory_plan`): the
             hardware the recipe is written for. Default: this machine's GPU.
@@ -65,7 +66,8 @@ class LaunchArguments:
         default=None, metadata={"help": "The main node's address the other nodes reach; default $MASTER_ADDR."}
     )
     main_process_port: int | None = field(
-        default=None, metadata={"help": "The main node's port; default $MASTER_PORT, else the accelerate config's."}
+        default=None,
+        metadata={"help": "The main process's port; default $MASTER_PORT, else the config's, else a free one."},
     )
     gpu_memory_gb: float | None = field(
         default=None, metadata={"help": "GB of each GPU the memory plan checks against; default this machine's GPU."}
@@ -79,7 +81,7 @@ class LaunchArguments:
     )
 
 
-ACCELERATE_MAIN_PORT = 29500  # accelerate's main_process_port when neither the config nor the command line sets one
+ACCELERATE_MAIN_PORT = 29500  # several machines: the main node's port when nothing names one (accelerate's default)
 NODE_RANK_ENV = ("NODE_RANK", "SLURM_NODEID")  # what torchrun's docs and Slurm set on each node
 
 
@@ -126,7 +128,12 @@ class Layout:
     mixed_precision: str | None = None  # the accelerate config's
     machine_rank: int | None = None  # with several machines: this node (command line, else $NODE_RANK)
     main_process_ip: str | None = None  # the main node's address (command line, else $MASTER_ADDR)
-    main_process_port: int = ACCELERATE_MAIN_PORT  # command line, else $MASTER_PORT, else the config's
+    main_process_port: int | None = None  # command line, else $MASTER_PORT, else the config's; None: not named
+
+    @property
+    def main_port(self) -> int:
+        """The main node's port with several machines: the one named, else accelerate's default."""
+        return ACCELERATE_MAIN_PORT if self.main_process_port is None else self.main_process_port
 
     def names_node(self) -> bool:
         """Whether this node is named: its rank and the main node's address are both known."""
@@ -173,9 +180,7 @@ def resolve_layout(args: LaunchArguments, base_dir: Path | None = None) -> Layou
         mixed_precision=config.get("mixed_precision"),
         machine_rank=_int_from(args.machine_rank, NODE_RANK_ENV),
         main_process_ip=args.main_process_ip or os.environ.get("MASTER_ADDR") or None,
-        main_process_port=_int_from(
-            args.main_process_port, ("MASTER_PORT",), config.get("main_process_port", ACCELERATE_MAIN_PORT)
-        ),
+        main_process_port=_int_from(args.main_process_port, ("MASTER_PORT",), config.get("main_process_port")),
     )
 
 

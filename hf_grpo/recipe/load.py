@@ -219,7 +219,7 @@ def _layout(launch: LaunchArguments, base_dir: Path, miniature: Miniature, for_r
         source = "main_process_ip" if launch.main_process_ip else "$MASTER_ADDR"  # would retry it for minutes
         if problem := main_address_problem(layout.main_process_ip, source, resolve=for_run):
             raise RecipeError(problem)
-        if for_run and rank == 0 and (problem := main_port_problem(layout.main_process_port)):
+        if for_run and rank == 0 and (problem := main_port_problem(layout.main_port)):
             raise RecipeError(problem)
     if for_run and (problem := loopback_host_problem(layout, gloo=not torch.cuda.is_available())):
         raise RecipeError(problem)  # before any process group waits on an address no peer reaches
