@@ -52,7 +52,7 @@ def test_named_lines_name_what_they_count_on_the_same_problems():
             a, op, b = bare.split()[:3]
             labels = {
                 "+": {f"{b} more"},
-                "-": {f"{b} fewer"},
+                "-": {f"{b} fewer"} | {f"{a} {item} wanted" for item in ITEMS},
                 "*": {f"{b} times as many"}
                 | {f"{a} {pack} of {b} {item}" for pack in PACKS for item in ITEMS}
                 | {f"{a} {group} with {b} each" for group in ("friends", "piles", *PACKS)},
@@ -85,6 +85,22 @@ def test_no_verb_decides_the_operation(max_steps):
         assert "*" in firsts | lasts and "/" in firsts | lasts, (verb, firsts, lasts)
     each = [p for p in problems if p["question"].startswith("Each ")]  # the size first, the count of packs asked
     assert each and all(p["answer"].count("\n") == 1 and " * " in p["answer"] for p in each)
+
+
+@pytest.mark.parametrize("max_steps", [2, 3])
+def test_a_cue_word_leans_to_neither_reading(max_steps):
+    """ "splits" starts as many products as quotients, "into N packs of M" is a product where "into packs of M" after a
+    total is a quotient, and "how many more" to a goal subtracts. Until 2026-12-06 "splits" led to 1.3-1.8 quotients
+    a product, "into ... of M" always divided, and "more" always added: GRPO wrote '7 / 2 = 3' for "splits the club
+    into 7 teams of 2" and took 'compare' to 0 by adding."""
+    problems = make_train(2000, seed=2, max_steps=max_steps)
+    splits = [p["answer"] for p in problems if " splits " in p["question"]]
+    products, quotients = sum(" * " in a for a in splits), sum(" / " in a for a in splits)
+    assert 0.8 < products / quotients < 1.25, (products, quotients)
+    into = [p for p in problems if re.search(r"into \d+ \w+ of \d+", p["question"])]
+    assert into and all(" * " in p["answer"].splitlines()[0] for p in into)
+    goals = [p["answer"].splitlines()[-2] for p in problems if "How many more" in p["question"]]
+    assert len(goals) > len(problems) // 20 and all(" - " in line for line in goals), goals[:5]
 
 
 def test_a_step_count_out_of_range_names_the_key():

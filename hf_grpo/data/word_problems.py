@@ -9,9 +9,10 @@ do not matter (``word_problems``), and a held-out set whose kinds training never
     True
 
 Training problems tell a story about one person's things: a count that grows (gets, finds, buys), shrinks (gives,
-eats, loses), is multiplied (packs of, rows of, each of) or shared (equally into, among), step after step, with a
-worked line per operation and ``#### N`` last, the answer format the real-model recipes ask for. No word decides the
-operation: "splits into", "shares among" and "puts into" also start products, and "packs of" also asks a quotient. A
+eats, loses), is multiplied (packs of, rows of, each of) or shared (equally into, among), step after step, or falls
+short of a goal (how many more), with a worked line per operation and ``#### N`` last, the answer format the
+real-model recipes ask for. No word decides the operation: "splits into" starts as many products as quotients,
+"shares among" and "puts into" also start products, "packs of" also asks a quotient, and "more" also subtracts. A
 third of them carry a sentence whose number does not matter; a fifth of those of two steps or more tell both in one
 sentence (amounts listed and summed, or a product taken from a count). The held-out kinds are written apart from
 them, in other sentence shapes and other worlds (prices and change, points and comparisons, teams, days): ``price``
@@ -61,7 +62,7 @@ STEPS = {
     "/": [
         "{name} shares them equally among {n} friends, keeping none.",
         "{name} puts them equally into {n} {pack}.",
-        "{name} splits them into {n} equal piles.",
+        "{name} divides them into {n} equal piles.",
     ],
 }
 QUESTION = {  # what is asked, by the last operation
@@ -77,22 +78,29 @@ ASKED = {
     "*": ["How many {item} are there if that number becomes {n} times larger?"],
     "/": ["If {name} splits them into {n} equal piles, how many {item} are in each?"],
 }
-# A first step of its own shape: a multiplication told as packs (the count starts as their product). No verb decides
-# the operation: three of the five use the words of sharing ("splits", "shares", "puts into"), and a sharing step
-# may ask how many packs it fills (``FILLS``). What is given and what is asked does: a count of parts and the size of
-# each make a product, a total and the size of each part a quotient. ``None``: the story's own packs.
+# A first step of its own shape: a multiplication told as packs (the count starts as their product). No phrase decides
+# the operation: three of the six use the words of sharing ("splits", "shares", "puts into"), and "into N packs of M"
+# is a product here while "into packs of M" after a total is a quotient (``FILLS``). What is given and what is asked
+# does: a count of parts and the size of each make a product, a total and the size of each part a quotient.
+# ``None``: the story's own packs.
 PACKED = {
     "{name} buys {a} {pack} with {b} {item} in each.": None,
     "{name} has {a} {pack}, each holding {b} {item}.": None,
     "{name} splits the {item} into {a} equal piles, with {b} in each pile.": "piles",
     "{name} shares the {item} among {a} friends, and each friend gets {b}.": "friends",
     "{name} puts the {item} into {a} {pack}, {b} in each.": None,
+    "{name} sorts the {item} into {a} {pack} of {b}.": None,
 }
 # A one-step story of packs told the other way round (half of them): the size of each first, their count asked.
 EACH = ("Each {one} holds {b} {item}.", "How many {item} are in {a} {pack}?")
 # A last sharing step that asks for the number of packs (a third of them): the total divided by the size of each.
 FILLS = (["{name} packs them into {pack} of {n}.", "{name} puts them into {pack}, {n} in each."],
          "How many {pack} does {name} fill?")  # fmt: skip
+# A last step that asks how many more reach a goal (a quarter of the stories with room for a step): the goal minus
+# the count. Without it "more" always added, and GRPO took 'compare' ("How many more did Rosa score?") to 0 by adding
+# (docs/results.md).
+GOAL = (["{name} wants {goal} {item}.", "{name} needs {goal} {item} for a party.", "{name} hopes to have {goal}."],
+        ["How many more {item} does {name} need?", "How many more does {name} need?"])  # fmt: skip
 ONE = {"boxes": "box", "bags": "bag", "packs": "pack", "jars": "jar", "baskets": "basket", "crates": "crate"}
 DISTRACTORS = ["{name} is {x} years old.", "{other} has {x} {other_item}.", "It is {x} degrees outside.",
                "{name}'s house is number {x}."]  # fmt: skip
@@ -126,6 +134,7 @@ NAMED = {
 }
 NAMED_PACKS = "{a} {pack} of {b} {item}: "  # the first line of a story that starts with packs: a * b
 NAMED_FILLS = "{total} {item} in {pack} of {n}: "  # a last step that asks how many packs: total / n
+NAMED_GOAL = "{goal} {item} wanted: "  # a last step that asks how many more to a goal: goal - total
 
 # Two operations in one sentence (a fifth of the problems of two steps or more): amounts listed one after another,
 # summed; or a product taken from a count. The chained held-out kinds need these structures (``sum_three``,
@@ -205,7 +214,14 @@ def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = Fal
             continue
         last = ops[-1] if ops else "*"
         question = rng.choice(QUESTION[last]).format(name=name, item=item)
-        if packed and not ops and rng.random() < 0.5:  # the size of each first, the count of packs asked
+        if len(lines) < max_steps and total <= 180 and rng.random() < 0.25:  # how many more to a goal
+            goal = total + rng.randint(2, 19)
+            sentences.append(rng.choice(GOAL[0]).format(name=name, goal=goal, item=item))
+            question = rng.choice(GOAL[1]).format(name=name, item=item)
+            named = NAMED_GOAL.format(goal=goal, item=item) if named_lines else ""
+            lines.append(f"{named}{goal} - {total} = {goal - total}")
+            total = goal - total
+        elif packed and not ops and rng.random() < 0.5:  # the size of each first, the count of packs asked
             sentences = [EACH[0].format(one=ONE[pack], b=b, item=item)]
             question = EACH[1].format(item=item, a=a, pack=pack)
             named = NAMED_PACKS.format(a=a, b=b, pack=pack, item=item) if named_lines else ""
