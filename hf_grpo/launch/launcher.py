@@ -120,15 +120,16 @@ MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"  # what --dry-run shows for the main node
 def node_flags(layout: Layout, on_this_host: bool, every_node: bool) -> list[list[str]]:
     """The accelerate flags of each launch this command starts on this machine: one per node it runs.
 
-    One machine: one launch on 127.0.0.1, on the port the user named (a miniature ignores it), else on a free one:
-    accelerate's default is always 29500, and two runs side by side on one machine would collide there. Several,
+    One machine: one launch on 127.0.0.1, on the port the user named (a miniature ignores it), else on port 0, which
+    accelerate replaces with a free one as it starts (the printed command stays the same): its default is always
+    29500, and two runs side by side on one machine collided there. Several,
     with this node named (``machine_rank`` and ``main_process_ip``, from the command line or
     ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and not named: ``on_this_host`` simulates every
     node here (127.0.0.1, a free port); ``every_node`` (``--dry-run``) lists each node's.
     """
     if layout.num_machines == 1:
         named = layout.main_process_port is not None and not on_this_host
-        port = layout.main_process_port if named else free_port()
+        port = layout.main_process_port if named else 0
         return [["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]]
     if layout.names_node():
         ranks, address = [layout.machine_rank], layout.main_process_ip
