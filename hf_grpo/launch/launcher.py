@@ -122,10 +122,10 @@ def node_flags(layout: Layout, on_this_host: bool, every_node: bool) -> list[lis
 
     One machine: one launch on 127.0.0.1, on the port the user named (a miniature ignores it), else on port 0, which
     accelerate replaces with a free one as it starts (the printed command stays the same): its default is always
-    29500, and two runs side by side on one machine collided there. Several,
-    with this node named (``machine_rank`` and ``main_process_ip``, from the command line or
-    ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several and not named: ``on_this_host`` simulates every
-    node here (127.0.0.1, a free port); ``every_node`` (``--dry-run``) lists each node's.
+    29500, and two runs side by side on one machine collided there. Several, with this node named (``machine_rank``
+    and ``main_process_ip``, from the command line or ``$NODE_RANK``/``$MASTER_ADDR``): this node's launch. Several
+    and not named: ``on_this_host`` simulates every node here (127.0.0.1, one free port for all of them, so not 0);
+    ``every_node`` (``--dry-run``) lists each node's.
     """
     if layout.num_machines == 1:
         named = layout.main_process_port is not None and not on_this_host
