@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from hf_grpo.base.crash_log import taken_port
 from hf_grpo.generation.settings import GenerationArguments
 from hf_grpo.launch.hardware import Machine, hardware_problems
 from hf_grpo.launch.launcher import STOP_GRACE_S
@@ -101,6 +102,19 @@ def test_a_port_bound_but_not_listening_counts_as_taken():
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     assert main_port_problem(port) is None
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "Tried to launch distributed communication on port `41234`, but another process is utilizing it. ",  # accelerate
+        "The server socket has failed to bind to [::]:41234 (errno: 98 - Address already in use).",  # torch's store
+    ],
+)
+def test_the_taken_port_is_the_one_the_refusal_names_not_the_0_launched_with(refusal):
+    """One machine launches with --main_process_port 0 (accelerate picks): the line names the port that was taken."""
+    assert taken_port(refusal, ["launch", "--main_process_port", "0"]) == "41234"
+    assert taken_port("EADDRINUSE", ["launch", "--main_process_port", "29512"]) == "29512"
 
 
 @pytest.mark.subprocess

@@ -29,6 +29,7 @@ from .stopping import PARENT_ENV, say
 COMMAND_ENV = "HF_GRPO_COMMAND"  # the launcher's arguments, as shlex.join writes them
 ERROR_MARK_ENV = "HF_GRPO_ERROR_MARK"  # the launcher's file: a process that printed `hf_grpo: error:` writes to it
 PORT_TAKEN = re.compile(r"another process is utilizing it|EADDRINUSE|address already in use")  # accelerate's, torch's
+PORT_IN_TEXT = re.compile(r"port `(\d+)`|:(\d+) \(errno")  # the port in accelerate's refusal, or torch's
 ENTRY = "python -m hf_grpo.train"
 RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
 
@@ -69,6 +70,15 @@ def mark_error() -> None:
                 mark.write(f"{os.getpid()}\n")
         except OSError:
             pass
+
+
+def taken_port(text: str, argv: list[str]) -> str:
+    """The port a refusal names (accelerate's "port `N`", torch's "...:N (errno"), else the one launched with: with
+    ``--main_process_port 0`` accelerate picks the port, and only the refusal knows which."""
+    found = PORT_IN_TEXT.search(text)
+    if found:
+        return next(group for group in found.groups() if group)
+    return argv[argv.index("--main_process_port") + 1] if "--main_process_port" in argv else "29500"
 
 
 def port_taken_message(port: int | str) -> str:
@@ -114,8 +124,7 @@ def run_quietly(output_dir: str, argv: list[str]) -> int:
         if not PORT_TAKEN.search(str(exc)):
             raise
         write(output_dir, exc)
-        port = argv[argv.index("--main_process_port") + 1] if "--main_process_port" in argv else "29500"
-        say(f"hf_grpo: error: {port_taken_message(port)}")
+        say(f"hf_grpo: error: {port_taken_message(taken_port(str(exc), argv))}")
         mark_error()
         return 2
     return 0
