@@ -8,6 +8,7 @@ import pytest
 from hf_grpo.rewards.functions import (
     REWARD_FUNCS,
     completion_text,
+    false_arithmetic,
     gsm8k_correctness,
     hash_correctness,
     hash_final_format_if_correct,
@@ -68,6 +69,7 @@ def test_reward_funcs_registry():
         "hash_format",
         "hash_final_format",
         "hash_final_format_if_correct",
+        "false_arithmetic",
         "length",
         "soft_overlong",
     }
@@ -122,6 +124,22 @@ def test_the_format_bonus_needs_a_right_answer_ending_the_completion(wrap):
         wrap("3 + 4 = 8\n#### 8"),  # formatted, wrong
     ]
     assert hash_final_format_if_correct(completions, solution=["#### 7"] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("wrap", [str, conversational], ids=["plain", "conversational"])
+def test_false_arithmetic_penalizes_a_false_worked_line_and_pays_nothing_for_true_ones(wrap):
+    """What GRPO broke on the real model ('8 * 3 = 28' for 3 notebooks at 8 dollars): a line that is false costs the
+    completion -1 whatever its answer; lines that are true, or no lines, cost nothing and earn nothing."""
+    completions = [
+        wrap("3 * 8 = 24\n#### 24"),
+        wrap("8 * 3 = 28\n#### 28"),  # false
+        wrap("7 jars of 9 apples: 7 * 9 = 63\n63 - 20 = 43\n#### 43"),  # named lines, true
+        wrap("10 + 0 = 10\n10 + 0 = 10\n2 + 2 = 5\n#### 5"),  # padding does not hide a false line
+        wrap("9 / 6 = 1\n#### 1"),  # a division that does not come out whole
+        wrap("#### 24"),
+        wrap("2.5 * 2 = 5, and 1,200 / 4 = 300\n#### 300"),  # not whole-number lines: not read
+    ]
+    assert false_arithmetic(completions) == [0.0, -1.0, 0.0, -1.0, -1.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("wrap", [str, conversational], ids=["plain", "conversational"])

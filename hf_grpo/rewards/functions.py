@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from fractions import Fraction
 
 from .grading import GRADES, grade
 
@@ -194,6 +195,25 @@ def hash_final_format_if_correct(completions, solution, **kwargs) -> list[float]
     return [right_one * formatted_one for right_one, formatted_one in zip(right, formatted, strict=True)]
 
 
+# A worked line of whole numbers, "7 * 9 = 63" (not part of "2.5 * 2 = 5" or "1,200 / 4 = 300").
+_LINE_RE = re.compile(r"(?<![\d.,])(\d+)[ \t]*([-+*/])[ \t]*(\d+)[ \t]*=[ \t]*(\d+)(?![.,]?\d)")
+
+
+def false_arithmetic(completions, **kwargs) -> list[float]:
+    """-1.0 if a worked line ``a op b = c`` of the completion is false (``8 * 3 = 28``; a division must come out
+    whole), else 0.0. A penalty, not a pay: true lines earn nothing, so padding with them cannot collect it.
+
+    >>> false_arithmetic(["8 * 3 = 24\\n#### 24", "8 * 3 = 28\\n#### 28", "#### 5", "9 / 6 = 1\\n#### 1"])
+    [0.0, -1.0, 0.0, -1.0]
+    """
+    apply = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+             "/": lambda a, b: Fraction(a, b) if b else None}  # fmt: skip
+    return [
+        -1.0 if any(apply[op](int(a), int(b)) != int(c) for a, op, b, c in _LINE_RE.findall(text)) else 0.0
+        for text in _texts(completions)
+    ]
+
+
 def length(completions, min_chars: int = 50, max_chars: int = 500, **kwargs) -> list[float]:
     """1.0 if ``min_chars < len(completion) < max_chars`` characters (seed 000's length term), else 0.0.
 
@@ -294,6 +314,7 @@ REWARD_FUNCS: dict[str, Callable] = {
     "hash_format": hash_format,
     "hash_final_format": hash_final_format,
     "hash_final_format_if_correct": hash_final_format_if_correct,
+    "false_arithmetic": false_arithmetic,
     "length": length,
     "soft_overlong": soft_overlong,
 }
