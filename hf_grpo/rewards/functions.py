@@ -15,6 +15,7 @@ still report the same ``accuracy`` / ``grade/*`` metrics.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -197,6 +198,8 @@ def hash_final_format_if_correct(completions, solution, **kwargs) -> list[float]
 
 # A worked line of whole numbers, "7 * 9 = 63" (not part of "2.5 * 2 = 5" or "1,200 / 4 = 300").
 _LINE_RE = re.compile(r"(?<![\d.,])(\d+)[ \t]*([-+*/])[ \t]*(\d+)[ \t]*=[ \t]*(\d+)(?![.,]?\d)")
+_OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+               "/": lambda a, b: Fraction(a, b) if b else None}  # fmt: skip  # exact: 9 / 6 is not 1
 
 
 def false_arithmetic(completions, **kwargs) -> list[float]:
@@ -206,10 +209,8 @@ def false_arithmetic(completions, **kwargs) -> list[float]:
     >>> false_arithmetic(["8 * 3 = 24\\n#### 24", "8 * 3 = 28\\n#### 28", "#### 5", "9 / 6 = 1\\n#### 1"])
     [0.0, -1.0, 0.0, -1.0]
     """
-    apply = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-             "/": lambda a, b: Fraction(a, b) if b else None}  # fmt: skip
     return [
-        -1.0 if any(apply[op](int(a), int(b)) != int(c) for a, op, b, c in _LINE_RE.findall(text)) else 0.0
+        -1.0 if any(_OPERATIONS[op](int(a), int(b)) != int(c) for a, op, b, c in _LINE_RE.findall(text)) else 0.0
         for text in _texts(completions)
     ]
 
