@@ -67,8 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--adapter", type=Path, help="the adapter to sample (default: RUN/warm_start)")
     p.add_argument("--prompts", type=int, default=96, help="training stories to sample (default: 96)")
     args = p.parse_args(argv)
-    recipe = yaml.safe_load((args.run / "recipe.yaml").read_text())
     adapter = args.adapter or args.run / "warm_start"
+    if not (args.run / "recipe.yaml").is_file():
+        p.error(f"{args.run} has no recipe.yaml: pass the output folder of a run (hf-grpo train writes it there)")
+    if not (adapter / "adapter_config.json").is_file():
+        p.error(f"{adapter} holds no adapter: pass a run that warm-started, or --adapter FOLDER")
+    recipe = yaml.safe_load((args.run / "recipe.yaml").read_text())
     seed = int(recipe.get("seed", 0))
     torch.manual_seed(seed)
     path = resolve(recipe["model_name_or_path"]) or recipe["model_name_or_path"]
