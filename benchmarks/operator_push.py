@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     from hf_grpo.data.word_problems import make_train
     from hf_grpo.models.registry import resolve
     from hf_grpo.rewards.functions import hash_correctness
+    from hf_grpo.training.dynamic_sampling import keep_mask
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", type=Path, help="a run's output folder (its recipe.yaml and warm_start/)")
@@ -78,8 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     path = resolve(recipe["model_name_or_path"]) or recipe["model_name_or_path"]
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), adapter).eval()
-    stories = make_train(
-        4000, seed, recipe.get("word_problems_max_steps", 3), recipe.get("word_problems_named_lines", False)
+    stories = make_train(  # the run's own training set (hf_grpo.data.loaders builds it with the same arguments)
+        recipe.get("arithmetic_train_size", 4000),
+        seed,
+        recipe.get("word_problems_max_steps", 3),
+        recipe.get("word_problems_named_lines", False),
     )
     stories = random.Random(seed).sample(stories, args.prompts)
     template = recipe.get("prompt_template", "{question}")
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     for story, completions in zip(stories, groups, strict=True):
         grades = torch.tensor(hash_correctness(completions, solution=[f"#### {story['solution']}"] * G))  # [G]
-        if grades.max() == grades.min():
+        if not keep_mask(grades, G).item():  # dynamic sampling's rule
             continue
         kept += 1
         advantages = (grades - grades.mean()) / (grades.std() + 1e-4)  # [G]
