@@ -70,6 +70,11 @@ OVERRIDES = [
         ["--word_problems_max_steps", "2"],
         "word_problems_max_steps is read only with dataset_name: word_problems",
     ),
+    (
+        "compare-key-on-arithmetic",
+        ["--word_problems_compare", "true"],
+        "word_problems_compare is read only with dataset_name: word_problems",
+    ),
     # keys of other TRL configs and of our own sections, before spelling
     (
         "async-grpo-key",

@@ -125,6 +125,26 @@ def test_warm_start_max_lines_keeps_the_warm_start_to_short_gold_solutions_and_n
         GoldPairs(rows.select([2, 5, 8]), max_lines=2)
 
 
+def test_the_warm_start_skips_rows_for_grpo_only_and_names_the_column_when_none_is_left():
+    from datasets import Dataset
+
+    from hf_grpo.data.loaders import DataArguments, load_grpo_datasets
+    from hf_grpo.training.warm_start import GoldPairs
+
+    train, _ = load_grpo_datasets(DataArguments(dataset_name="word_problems", arithmetic_train_size=33,
+                                                word_problems_compare=True, eval_dataset_name="word_problems_held_out",
+                                                arithmetic_eval_size=6))  # fmt: skip
+    assert len(train) == 36 and train["warm_start"].count(False) == 3
+    pairs = GoldPairs(train)
+    assert len(pairs) == 33 and all("How many more" not in str(pairs[i][0]) or " than " not in str(pairs[i][0])
+                                    for i in range(33))  # fmt: skip
+    rows = Dataset.from_list([{"prompt": f"q{i}", "solution": "#### 2", "warm_start": i % 2 == 0} for i in range(6)])
+    short = GoldPairs(rows, max_lines=1)
+    assert [short[i][0] for i in range(len(short))] == ["q0", "q2", "q4"]
+    with pytest.raises(ValueError, match="column 'warm_start' is false in every row.*warm_start_steps: 0"):
+        GoldPairs(rows.select([1, 3, 5]))
+
+
 def test_a_run_warm_starts_a_pretrained_policy_after_its_before_evaluation_and_not_again_on_resume(
     policy_dir, tmp_path
 ):

@@ -31,10 +31,11 @@ QUICK = [
     "--per_device_train_batch_size", "16", "--num_generations", "4", "--max_completion_length", "8",
     "--max_generation_batches", "2", "--logging_steps", "1", "--report_to", "none",
 ]  # fmt: skip
-# The warm-started tiny policy (0.31 held out), then a learning rate that wrecks it (0.00 at steps 1 and 2): the watch
-# keeps step 0's adapter, chosen on the first 24 problems, judged on the other 24.
+# The warm-started tiny policy, then a learning rate that wrecks it (0.00 at steps 1 and 2): the watch keeps step 0's
+# adapter, chosen on the first 24 problems, judged on the other 24. 800 warm-start steps, not 300: at 300 the policy
+# held out 0.31 on a Xeon and 0.15 on an EPYC (another float path), too weak there for the watch to tell it from 0.
 WRECKED = [
-    *QUICK, "--warm_start_steps", "300", "--learning_rate", "1.0", "--max_steps", "2", "--task_eval_steps", "1",
+    *QUICK, "--warm_start_steps", "800", "--learning_rate", "1.0", "--max_steps", "2", "--task_eval_steps", "1",
     "--task_eval_max_samples", "24", "--save_strategy", "steps", "--save_steps", "1",
 ]  # fmt: skip
 
@@ -68,14 +69,14 @@ def kept_interrupted(tmp_path_factory):
 
 
 def test_a_run_stopped_while_its_kept_adapter_was_evaluated_finishes_with_that_adapter(kept_interrupted, tmp_path):
-    """The resume loaded checkpoint-2 (the wrecked last state), saved it over the kept adapter, and reported 0.000
+    """The resume loaded checkpoint-2 (the wrecked last state), saved it over the kept adapter, and reported near 0
     with no `kept` in eval_results.json."""
     out = tmp_path / "run"
     shutil.copytree(kept_interrupted[0], out)
     assert resume(out, WRECKED) == 0
     results = json.loads((out / EVAL_FILE).read_text())
     assert (out / "adapter_model.safetensors").read_bytes() == kept_interrupted[1]
-    assert results["kept"]["step"] == 0 and results["last"]["accuracy"] == 0.0
+    assert results["kept"]["step"] == 0 and results["last"]["accuracy"] < 0.1
     assert results["problems"] == {"chose_the_adapter": 24, "judged": 24} and results["after"]["total"] == 24
     assert results["after"]["accuracy"] > 0.1 and results["gain"]["n"] == 24
     assert not (out / "checkpoint-3").exists() and run_state(out)["phase"] == "finished"

@@ -113,13 +113,31 @@ def test_held_out_kinds_are_right_and_written_apart():
     assert [p["kind"] for p in problems[: len(HELD_OUT_KINDS)]] == list(HELD_OUT_KINDS)
     for p in problems:
         check_worked(p["answer"], p["solution"], chained=False)  # change: the bill minus the cost
-    train_openings = {p["question"].split()[1] for p in make_train(400, seed=0)}
+    train_openings = {p["question"].split()[1] for p in make_train(400, seed=0, compare=True)}
     held_out_openings = {p["question"].split()[1] for p in problems}
     assert not train_openings & held_out_openings  # "A ticket costs", "Olga scored": no training opening
 
 
+@pytest.mark.parametrize("named_lines", [False, True])
+def test_comparisons_for_grpo_only_leave_the_stories_draw_for_draw(named_lines):
+    """``word_problems_compare``: after every eleventh story a comparison of two counts, marked for GRPO only; the
+    stories (what the warm start draws from) stay the same."""
+    stories = make_train(110, seed=4, max_steps=2, named_lines=named_lines)
+    rows = make_train(110, seed=4, max_steps=2, named_lines=named_lines, compare=True)
+    assert [{k: v for k, v in r.items() if k != "warm_start"} for r in rows if r["warm_start"]] == stories
+    assert [i for i, r in enumerate(rows) if not r["warm_start"]] == list(range(11, len(rows), 12))  # 10 of 120
+    for row in rows[11::12]:
+        assert check_worked(row["answer"], row["solution"], named=named_lines) == 1
+        first, _, more, _, smaller, *_ = re.split(r" (has|collected) ", row["question"].split(". ")[0])
+        assert re.search(rf"How many more .*{first}.* than ", row["question"]), row["question"]  # the larger asked
+        assert " - " in row["answer"] and int(row["solution"]) == int(more.split()[0]) - int(smaller.rstrip("."))
+        assert not any(name in row["question"] for name in HELD_OUT_NAMES)
+
+
 def test_doctests():
-    assert doctest.testmod(word_problems).failed == 0
+    from hf_grpo.data import embedded
+
+    assert doctest.testmod(word_problems).failed == 0 and doctest.testmod(embedded).failed == 0
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -20,7 +20,7 @@ from datasets import Dataset, LargeList, List, Value, load_dataset
 from trl import ScriptArguments
 
 from ..rewards.grading import TASKS, check_gold_format, gsm8k_gold
-from . import arithmetic, word_problems
+from .embedded import EMBEDDED, load_embedded
 from .files import cache_must_be_writable, is_local_file, load_file
 
 
@@ -57,9 +57,6 @@ ALIASES = {
     "math500": "HuggingFaceH4/MATH-500",
     "openmathinstruct2": "nvidia/OpenMathInstruct-2",
 }
-# generated in code (hf_grpo.data.arithmetic, hf_grpo.data.word_problems), never downloaded
-EMBEDDED = ("arithmetic", *arithmetic.HELD_OUT_SETS, "word_problems", "word_problems_held_out")
-
 # Seed 002's r1_zero protocol: a plain-text prompt that opens the <think> block for the model.
 R1_ZERO_TEMPLATE = (
     "The user asks a math question. The assistant reasons inside <think> </think> tags, then gives only the final "
@@ -126,6 +123,10 @@ class DataArguments(ScriptArguments):
             Whether each worked line of an embedded `word_problems` gold answer names what it counts before its
             equation (`4 bags of 6 marbles: 4 * 6 = 24`, `12 eggs in 3 equal parts: 12 / 3 = 4`); the problems are
             the same either way. What a warm start teaches the model to write.
+        word_problems_compare (`bool`, defaults to `False`):
+            Whether the embedded `word_problems` training set also holds, after every eleventh story, two people's
+            counts compared ("How many more pencils does Ada have than Ben?"), for GRPO only: their `warm_start`
+            column is false, so a warm start skips them (it stays the same, draw for draw).
         dataset_mirror (`dict[str, str]`, *optional*):
             Local `.jsonl` / `.json` / `.parquet` / `.csv` files that stand in for hub splits, keyed `<hub id>:<split>`
             (for example `openai/gsm8k:test`). Everything else (presets, columns, which split is the held-out one)
@@ -174,6 +175,10 @@ class DataArguments(ScriptArguments):
         metadata={
             "help": "Gold lines of `word_problems` name what they count first: `4 bags of 6 marbles: 4 * 6 = 24`."
         },
+    )
+    word_problems_compare: bool = field(
+        default=False,
+        metadata={"help": "`word_problems` adds one comparison of two counts in twelve rows, for GRPO only."},
     )
     dataset_mirror: dict[str, str] | None = field(
         default=None,
@@ -318,34 +323,10 @@ def _checked_prompts(raw: Dataset, spec: dict, where: str) -> Dataset:
     return raw.select(sorted(set(range(len(raw))) - set(blank)))
 
 
-def embedded_splits(name: str) -> list[str]:
-    """The splits of an embedded dataset: the held-out sets (``arithmetic_transfer``, ``arithmetic_reasoning``,
-    ``word_problems_held_out``) have only ``test``, ``word_problems`` only ``train``."""
-    if name == "word_problems":
-        return ["train"]
-    return ["test"] if name in (*arithmetic.HELD_OUT_SETS, "word_problems_held_out") else ["train", "test"]
-
-
 def _load_raw(name: str, config: str | None, split: str, args: DataArguments, seed: int) -> Dataset:
     """One split of a preset, hub or local dataset, unformatted."""
     if name in EMBEDDED:
-        if split not in embedded_splits(name):
-            splits = " and ".join(repr(s) for s in embedded_splits(name))
-            raise ValueError(
-                f"dataset {name!r} has the split{'s' if ' and ' in splits else ''} {splits}, not {split!r}"
-            )
-        if name in arithmetic.HELD_OUT_SETS:
-            return Dataset.from_list(arithmetic.HELD_OUT_SETS[name](args.arithmetic_eval_size, seed))
-        if name == "word_problems":
-            return Dataset.from_list(
-                word_problems.make_train(
-                    args.arithmetic_train_size, seed, args.word_problems_max_steps, args.word_problems_named_lines
-                )
-            )
-        if name == "word_problems_held_out":
-            return Dataset.from_list(word_problems.make_held_out(args.arithmetic_eval_size, seed))
-        size = args.arithmetic_train_size if split == "train" else args.arithmetic_eval_size
-        return Dataset.from_list(arithmetic.make_split(split, size, seed, args.arithmetic_two_step_share))
+        return load_embedded(name, split, args, seed)
     mirror = (args.dataset_mirror or {}).get(f"{name}:{split}")
     if mirror is not None:  # a local copy of this hub split (same schema), e.g. a miniature's
         return load_file(mirror)

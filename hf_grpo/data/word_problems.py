@@ -19,7 +19,8 @@ them, in other sentence shapes and other worlds (prices and change, points and c
 (a unit price times a count), ``compare`` (how many more), ``groups`` (so many groups of so many), ``share`` (a total
 shared equally), ``sum_three`` (three amounts in one sentence), ``change`` (paying with a bill for several things at
 one price). So a gain there is transfer, not recall, and a kind that falls says what training took away
-(docs/results.md).
+(docs/results.md). With ``compare`` the training set also holds, after every eleventh story, two people's counts
+compared ("How many more ... than ...?"), marked ``warm_start: False``: GRPO samples them, the warm start skips them.
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ GOAL = (["{name} wants {goal} {item}.", "{name} needs {goal} {item} for a party.
 ONE = {"boxes": "box", "bags": "bag", "packs": "pack", "jars": "jar", "baskets": "basket", "crates": "crate"}
 DISTRACTORS = ["{name} is {x} years old.", "{other} has {x} {other_item}.", "It is {x} degrees outside.",
                "{name}'s house is number {x}."]  # fmt: skip
+
+# Two people's counts compared (``make_train(compare=True)``): the larger minus the smaller. In the stories "how many
+# more" only reaches a goal; these ask it between two counts, in items, not in the held-out kind's points and laps.
+COMPARED = [
+    "{a} has {x} {item} and {b} has {y}. How many more {item} does {a} have than {b}?",
+    "{a} collected {x} {item} and {b} collected {y}. How many more did {a} collect than {b}?",
+]
+COMPARE_EVERY = 11  # a comparison after every eleventh story: one training row in twelve
 
 HELD_OUT_KINDS = ("price", "compare", "groups", "share", "sum_three", "change")
 HELD_OUT_NAMES = ["Olga", "Pedro", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wes", "Yara"]
@@ -248,13 +257,37 @@ def make_problem(rng: random.Random, max_steps: int = 3, named_lines: bool = Fal
         }
 
 
-def make_train(n: int, seed: int, max_steps: int = 3, named_lines: bool = False) -> list[dict]:
-    """``n`` training problems of at most ``max_steps`` operations, reproducible from ``seed`` (``named_lines``:
-    see ``make_problem``)."""
+def make_comparison(rng: random.Random, named_lines: bool = False) -> dict:
+    """Two people's counts and how many more the first has (``COMPARED``): one worked line, then ``#### N``."""
+    first, second = rng.sample(NAMES, 2)
+    item, low, more = rng.choice(ITEMS), rng.randint(3, 30), rng.randint(2, 20)
+    question = rng.choice(COMPARED).format(a=first, b=second, item=item, x=low + more, y=low)
+    named = f"{low + more} {item} against {low}: " if named_lines else ""
+    return {
+        "question": question,
+        "answer": f"{named}{low + more} - {low} = {more}\n#### {more}",
+        "solution": str(more),
+    }
+
+
+def make_train(n: int, seed: int, max_steps: int = 3, named_lines: bool = False, compare: bool = False) -> list[dict]:
+    """``n`` training stories of at most ``max_steps`` operations, reproducible from ``seed`` (``named_lines``: see
+    ``make_problem``). ``compare``: a comparison (``make_comparison``, its own draws, so the stories stay the same)
+    after every ``COMPARE_EVERY``-th story, and a ``warm_start`` column, False on the comparisons: the warm start
+    skips them (``hf_grpo.training.warm_start.GoldPairs``) and only GRPO samples them."""
     if not 1 <= max_steps <= 3:
         raise ValueError(f"word_problems_max_steps must be 1, 2 or 3, got {max_steps!r}; set it in the recipe")
     rng = random.Random(f"word-problems-train-{seed}")
-    return [make_problem(rng, max_steps, named_lines) for _ in range(n)]
+    stories = [make_problem(rng, max_steps, named_lines) for _ in range(n)]
+    if not compare:
+        return stories
+    compared = random.Random(f"word-problems-compare-{seed}")
+    rows = []
+    for i, story in enumerate(stories, 1):
+        rows.append({**story, "warm_start": True})
+        if i % COMPARE_EVERY == 0:
+            rows.append({**make_comparison(compared, named_lines), "warm_start": False})
+    return rows
 
 
 def _held_out(rng: random.Random, kind: str) -> dict:

@@ -22,7 +22,8 @@ import torch
 from datasets.exceptions import DatasetGenerationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..data.loaders import EMBEDDED, DataArguments, embedded_splits, eval_grader, is_local_file, load_eval_dataset
+from ..data.embedded import EMBEDDED, embedded_splits
+from ..data.loaders import DataArguments, eval_grader, is_local_file, load_eval_dataset
 from .checks import adapter_base, read_adapter_config
 from .core import EvalResult, evaluate, grade_generations
 from .device import choose_device, describe, eval_batch_size

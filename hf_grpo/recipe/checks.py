@@ -353,6 +353,7 @@ BYTES_PER_PROBLEM = 1500  # peak memory per generated problem while it loads (me
 ONLY_FOR = {  # data keys read by one embedded dataset only: set for another, they would be silently ignored
     "word_problems_max_steps": ("word_problems",),
     "word_problems_named_lines": ("word_problems",),
+    "word_problems_compare": ("word_problems",),
     "arithmetic_two_step_share": ("arithmetic",),
 }
 

@@ -130,14 +130,25 @@ def warm_start(
 
 class GoldPairs:
     """A dataset's rows as ``(prompt, solution)`` pairs, read one at a time: a warm start reads only the rows it
-    draws, never a whole column of a dataset with millions of rows. With ``max_lines`` (``warm_start_max_lines``) only
-    the rows whose solution has at most that many lines: the solution column is read once to find them."""
+    draws, never a whole column of a dataset with millions of rows. Rows whose ``warm_start`` column is false are
+    left out (problems for GRPO only: ``word_problems_compare``), and with ``max_lines`` (``warm_start_max_lines``)
+    those whose solution has more lines: such a column is read once to find the rows."""
 
     def __init__(self, dataset, max_lines: int | None = None):
         self.dataset = dataset
         self.rows = range(len(dataset))  # every row, read only when drawn
+        if "warm_start" in dataset.column_names:
+            self.rows = [i for i, keep in enumerate(dataset["warm_start"]) if keep is None or keep]
+            if not self.rows:
+                raise ValueError(
+                    "the training data has no row to warm-start on (column 'warm_start' is false in every row): mark "
+                    "some rows true, or set warm_start_steps: 0"
+                )
+            logger.info("warm start: %d of %d rows (the rest are for GRPO only: column 'warm_start')",
+                        len(self.rows), len(dataset))  # fmt: skip
         if max_lines is not None:
-            self.rows = [i for i, s in enumerate(dataset["solution"]) if len(str(s).splitlines()) <= max_lines]
+            solutions = dataset["solution"]
+            self.rows = [i for i in self.rows if len(str(solutions[i]).splitlines()) <= max_lines]
             if not self.rows:
                 raise ValueError(
                     f"warm_start_max_lines: {max_lines} leaves no training row to warm-start on (every gold solution "
