@@ -383,13 +383,13 @@ def test_load_errors_still_name_the_reward():
 
 
 def test_default_workers_share_the_cores(monkeypatch):
-    from hf_grpo.base.workers import default_num_workers
+    from hf_grpo.base.workers import cores_per_process
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert default_num_workers() == cores
+    assert cores_per_process() == cores
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 4))
-    assert default_num_workers() == 1
+    assert cores_per_process() == 1
 
 
 def test_async_rewards_stay_in_process(pool):

@@ -55,7 +55,7 @@ class Result:
         return self.status == "ok"
 
 
-def default_num_workers() -> int:
+def cores_per_process() -> int:
     """CPU cores available to this process, divided among the training processes of this machine (at least 1)."""
     try:
         cores = len(os.sched_getaffinity(0))
@@ -252,7 +252,7 @@ class WorkerPool:
 
     Args:
         num_workers (`int`, *optional*):
-            Worker processes; defaults to ``default_num_workers()``.
+            Worker processes; defaults to ``cores_per_process()``.
         start_method (`str`, defaults to `"forkserver"`):
             ``"forkserver"`` (fast starts and replacements, preloaded imports) or ``"spawn"`` (a fresh interpreter
             per worker). Plain ``"fork"`` is refused: it would copy the calling process and its threads.
@@ -288,7 +288,7 @@ class WorkerPool:
     ):
         if start_method not in ("forkserver", "spawn"):
             raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
-        self.num_workers = default_num_workers() if num_workers is None else int(num_workers)
+        self.num_workers = cores_per_process() if num_workers is None else int(num_workers)
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.start_method = start_method
@@ -497,4 +497,4 @@ class WorkerPool:
         self._replace(w)
 
 
-__all__ = ["Result", "WorkerPool", "default_num_workers", "forkserver_preload"]
+__all__ = ["Result", "WorkerPool", "cores_per_process", "forkserver_preload"]

@@ -19,7 +19,7 @@ import torch
 
 from ..base.progress import progress_bar
 from ..base.stopping import raise_if_stopped
-from ..base.workers import Result, default_num_workers
+from ..base.workers import Result, cores_per_process
 from ..rewards import RewardArguments
 from ..rewards.functions import GRADED_REWARDS, grade_completion
 from ..rewards.grading import GRADES
@@ -181,7 +181,7 @@ def grade_results(
     job = functools.partial(grade_completion, task)
     items = [{"completion": c, "gold": g} for c, g in zip(completions, golds, strict=True)]
     with progress_bar(len(items), desc, enabled=progress, unit="completion", leave=False) as bar:
-        workers = min(default_num_workers(), MAX_GRADE_WORKERS, len(items))
+        workers = min(cores_per_process(), MAX_GRADE_WORKERS, len(items))
         with RewardPool(num_workers=workers) if pool is None else contextlib.nullcontext(pool) as grading:
             results = _map(grading, job, items, timeout, bar)
     results = [

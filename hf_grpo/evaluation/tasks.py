@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 
 from ..base.progress import enabled_for
 from ..base.run_files import EVAL_RECORDS
-from ..base.workers import default_num_workers
+from ..base.workers import cores_per_process
 from ..rewards.wrapper import IsolatedReward, RewardPool
 from .core import DEFAULT_GRADE_TIMEOUT, MAX_GRADE_WORKERS, evaluate
 from .device import describe, eval_batch_size, model_device, place_for_generation
@@ -95,7 +95,7 @@ class TaskEvaluator:
                 pool, timeout = shared
             else:
                 if self._own_pool is None or self._own_pool.closed:
-                    self._own_pool = RewardPool(num_workers=min(default_num_workers(), MAX_GRADE_WORKERS))
+                    self._own_pool = RewardPool(num_workers=min(cores_per_process(), MAX_GRADE_WORKERS))
                 pool = self._own_pool
         return pool, self.grade_timeout if self.grade_timeout is not None else timeout
 

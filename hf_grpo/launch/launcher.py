@@ -35,6 +35,7 @@ from ..base.watchdog import (  # each launch leads its own group (start_new_sess
     ask_group_to_stop,
     signal_group,
 )
+from ..base.workers import cores_per_process
 from ..generation.server import VLLMServerProcess
 from ..generation.settings import format_env_command, pinned, server_command, training_cpus, training_gpus
 from ..generation.vllm_install import find_vllm
@@ -51,8 +52,11 @@ def free_port() -> int:
 
 
 def torch_threads() -> int:
-    """CPU threads torch uses in each process: ``OMP_NUM_THREADS`` when set, else 1, and never more than the cores
-    this process may run on (a launcher that pins training to the cores a vLLM server leaves, ``generation.cpus``).
+    """CPU threads torch uses in each process: ``OMP_NUM_THREADS`` when set, else 1, and never more than this process's
+    share of the cores it may run on (``cores_per_process``: a launcher pins training to the cores a vLLM server leaves,
+    ``generation.cpus``, and several training processes of one machine split them). More threads than cores spin-wait
+    against each other: a recipe's ``OMP_NUM_THREADS: "2"`` run in miniature (two processes on two cores) took 214 s
+    instead of 28.
 
     ``accelerate launch`` exports ``OMP_NUM_THREADS=1`` unless it is set, so ``python -m hf_grpo.train``, ``train()`` in
     a notebook and ``accelerate launch`` all compute with the same thread count, hence the same floating-point path.
@@ -61,8 +65,7 @@ def torch_threads() -> int:
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     wanted = max(int(value), 1) if value.isdigit() else 1
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else wanted
-    return max(min(wanted, allowed), 1)
+    return max(min(wanted, cores_per_process()), 1)
 
 
 def apply_thread_policy() -> int:
