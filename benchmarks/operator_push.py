@@ -5,18 +5,18 @@ samples them, each worked line's operation weighted by its completion's advantag
     python benchmarks/operator_push.py RUN_DIR --prompts 96 --adapter RUN_DIR/warm_start
 
 What it does: reads the run's ``recipe.yaml`` (``word_problems_max_steps``, ``word_problems_named_lines``,
-``num_generations``, ``temperature``, ``max_completion_length``, ``prompt_template``), draws ``--prompts`` training
-stories of the run's seed (``make_train``), puts the recipe's instruction on every other one (the recipes'
-``prompt_template_share: 0.5``), samples ``num_generations`` completions each with HF generate at the recipe's
-temperature from the adapter (default: the run's ``warm_start/``), grades them with ``hash_correctness`` and keeps
-the groups whose grades differ (dynamic sampling's rule, on correctness alone: the format bonus is left out). A
-completion's advantage is its grade minus the group's mean over the group's standard deviation (``scale_rewards:
-group``). For each operation (``+ - * /``) it prints how often the kept completions wrote it against the gold
-lines of those groups (times the group size), and its push: the sum over kept completions of the advantage times the
-share of the completion's worked lines that use the operation (a completion that writes more lines weighs no more).
-Advantages sum to 0 in a group, so a negative push says the right answers used the operation less than the wrong
-ones: GRPO's first steps push it down, wherever the stories use it. Then the pushes by the gold solution's
-operations, to show where they come from. 2 cores: about 5 minutes for 96 prompts.
+``word_problems_compare``, ``num_generations``, ``temperature``, ``max_completion_length``, ``prompt_template``),
+draws ``--prompts`` training stories of the run's seed (``make_train``), puts the recipe's instruction on every
+other one (the recipes' ``prompt_template_share: 0.5``), samples ``num_generations`` completions each with HF
+generate at the recipe's temperature from the adapter (default: the run's ``warm_start/``), grades them with
+``hash_correctness`` and keeps the groups whose grades differ (dynamic sampling's rule, on correctness alone: the
+format bonus is left out). A completion's advantage is its grade minus the group's mean over the group's standard
+deviation (``scale_rewards: group``). For each operation (``+ - * /``) it prints how often the kept completions
+wrote it against the gold lines of those groups (times the group size), and its push: the sum over kept completions
+of the advantage times the share of the completion's worked lines that use the operation (a completion that writes
+more lines weighs no more). Advantages sum to 0 in a group, so a negative push says the right answers used the
+operation less than the wrong ones: GRPO's first steps push it down, wherever the stories use it. Then the pushes by
+the gold solution's operations, to show where they come from. 2 cores: about 5 minutes for 96 prompts.
 
 Why (docs/results.md, "What GRPO's first steps push"): on reasoning seed 0 every variant tried took the held-out
 kinds that need one multiplication (``groups``, ``price``) down under GRPO and the sums and sharing up; this measures
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         seed,
         recipe.get("word_problems_max_steps", 3),
         recipe.get("word_problems_named_lines", False),
+        recipe.get("word_problems_compare", False),
     )
     stories = random.Random(seed).sample(stories, args.prompts)
     template = recipe.get("prompt_template", "{question}")
