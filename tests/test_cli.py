@@ -43,6 +43,19 @@ def test_help_lists_the_subcommands_without_loading_the_training_stack():
     assert loaded == "[]"
 
 
+def test_recipes_ls_lists_them_without_loading_the_training_stack():
+    """`hf-grpo recipes ls` took ~19 s: importing hf_grpo.recipe loaded TRL's config classes, and torch with them."""
+    code = (
+        "import sys\nfrom hf_grpo.cli import main\nmain(['recipes', 'ls'])\n"
+        "print(sorted(m for m in ('torch', 'trl', 'transformers', 'datasets') if m in sys.modules))"
+    )
+    proc = run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *listed, loaded = proc.stdout.strip().splitlines()
+    assert loaded == "[]"
+    assert any(line.startswith("tiny") for line in listed), listed
+
+
 @pytest.mark.parametrize("name", ["train", "eval", "push", "report"])
 def test_each_subcommand_help_names_itself(name):
     proc = run(["hf-grpo", name, "--help"])
